@@ -1,0 +1,79 @@
+"""The fp64 naive recurrence: the oracle every program and gradient is checked against.
+
+Per value head, token by token (DESIGN.md §2):
+
+    S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+    o_t = scale S_t^T q_t
+
+It is differentiable with autograd, so its gradients are the gradient oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_kcp.kernels.torch._chunks import L2NORM_EPS
+
+
+def naive_recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GDN by its definition, in fp64, with the layouts of
+    :func:`gdn_kcp.chunk_gated_delta_rule`.
+
+    q, k: ``[B, T, H_qk, K]``; v: ``[B, T, HV, V]``; g, beta: ``[B, T, HV]``;
+    cu_seqlens ``[N + 1]`` (B = 1) or None (B documents of T tokens);
+    initial_state ``[N, HV, K, V]``. Returns o ``[B, T, HV, V]`` and, when asked,
+    the final states ``[N, HV, K, V]``, both fp64.
+
+    Example::
+
+        o, s = naive_recurrence(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 5, 9]),
+                                output_final_state=True)
+    """
+    B, T, H_qk, K = q.shape
+    HV = v.shape[2]
+    if scale is None:
+        scale = K**-0.5
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    if use_qk_l2norm:
+        q = q * torch.rsqrt(q.square().sum(-1, keepdim=True) + L2NORM_EPS)
+        k = k * torch.rsqrt(k.square().sum(-1, keepdim=True) + L2NORM_EPS)
+    q = q.repeat_interleave(HV // H_qk, dim=2)
+    k = k.repeat_interleave(HV // H_qk, dim=2)
+    if cu_seqlens is None:
+        docs = [(b, 0, T) for b in range(B)]
+    else:
+        bounds = [int(x) for x in cu_seqlens.tolist()]
+        docs = [(0, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+    outputs, finals = [], []
+    for n, (b, start, end) in enumerate(docs):
+        if initial_state is not None:
+            S = initial_state[n].double()
+        else:
+            S = q.new_zeros(HV, K, v.shape[3])
+        for t in range(start, end):
+            k_t, beta_t = k[b, t], beta[b, t][:, None, None]
+            erased = S - beta_t * k_t[:, :, None] * (k_t[:, None, :] @ S)
+            S = torch.exp(g[b, t])[:, None, None] * erased + beta_t * k_t[:, :, None] * v[b, t][:, None, :]
+            outputs.append(scale * (q[b, t][:, None, :] @ S)[:, 0, :])
+        finals.append(S)
+    if outputs:
+        o = torch.stack(outputs).view(B, T, HV, -1)
+    else:
+        o = v.new_zeros(B, T, HV, v.shape[3])
+    final_state = torch.stack(finals) if output_final_state and finals else None
+    if output_final_state and final_state is None:
+        final_state = v.new_zeros(0, HV, K, v.shape[3])
+    return o, final_state

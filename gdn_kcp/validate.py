@@ -1,0 +1,130 @@
+"""Input checks of the public functions: every error names the argument and its value."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class GdnDims:
+    """Sizes read off valid inputs: ``N`` documents of a ``B x T`` token batch."""
+
+    B: int
+    T: int
+    H_qk: int
+    HV: int
+    K: int
+    V: int
+    N: int
+
+
+def check_tensor(name: str, x: object, ndim: int, layout: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be a {ndim}-D tensor {layout}, got shape {tuple(x.shape)}")
+    return x
+
+
+def check_float_dtype(name: str, x: torch.Tensor) -> None:
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}; supported: float16, bfloat16, float32, float64")
+
+
+def check_scale(scale: object) -> None:
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+
+
+def check_flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def check_cu_seqlens(cu_seqlens: object, T: int) -> list[int]:
+    """Validate ``cu_seqlens`` ``[N + 1]`` and return its values (a host read)."""
+    check_tensor("cu_seqlens", cu_seqlens, 1, "[N + 1]")
+    if cu_seqlens.dtype not in INDEX_DTYPES:
+        raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    if not bounds or bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[:4]}")
+    drops = [i for i in range(len(bounds) - 1) if bounds[i + 1] < bounds[i]]
+    if drops:
+        i = drops[0]
+        raise ValueError(
+            f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}] = {bounds[i]} > "
+            f"cu_seqlens[{i + 1}] = {bounds[i + 1]}"
+        )
+    if bounds[-1] != T:
+        raise ValueError(f"cu_seqlens must end at T = {T}, got cu_seqlens[-1] = {bounds[-1]}")
+    return bounds
+
+
+def check_gdn_inputs(
+    q: object,
+    k: object,
+    v: object,
+    g: object,
+    beta: object,
+    *,
+    scale: object,
+    initial_state: object,
+    cu_seqlens: object,
+) -> tuple[GdnDims, list[int]]:
+    """Check the FLA-layout inputs; return their sizes and the document bounds
+    over the flattened ``B * T`` tokens."""
+    check_tensor("q", q, 4, "[B, T, H_qk, K]")
+    check_tensor("k", k, 4, "[B, T, H_qk, K]")
+    check_tensor("v", v, 4, "[B, T, HV, V]")
+    check_tensor("g", g, 3, "[B, T, HV]")
+    check_tensor("beta", beta, 3, "[B, T, HV]")
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        check_float_dtype(name, x)
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, q on {q.device}: all inputs must share a device")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, q has {q.dtype}: q, k, v must share a dtype")
+    B, T, H_qk, K = q.shape
+    if v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B, T, HV, V] with B, T = {B}, {T} (from q), got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    for name, x in (("g", g), ("beta", beta)):
+        if x.shape != (B, T, HV):
+            raise ValueError(f"{name} must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
+    if H_qk == 0 or HV % H_qk != 0:
+        raise ValueError(f"HV = {HV} (v.shape[2]) must be a multiple of H_qk = {H_qk} (q.shape[2])")
+    if K == 0 or V == 0:
+        raise ValueError(f"head dims must be positive, got K = {K}, V = {V}")
+    check_scale(scale)
+
+    if cu_seqlens is None:
+        bounds = [b * T for b in range(B + 1)]
+    else:
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the batch must be 1 (packed), got B = {B}")
+        bounds = check_cu_seqlens(cu_seqlens, T)
+    N = len(bounds) - 1
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, 4, "[N, HV, K, V]")
+        check_float_dtype("initial_state", initial_state)
+        if initial_state.shape != (N, HV, K, V):
+            raise ValueError(
+                f"initial_state must have shape [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(initial_state.shape)}"
+            )
+        if initial_state.device != q.device:
+            raise ValueError(f"initial_state is on {initial_state.device}, q on {q.device}")
+    return GdnDims(B=B, T=T, H_qk=H_qk, HV=HV, K=K, V=V, N=N), bounds

@@ -1,0 +1,31 @@
+"""Device-agnostic torch programs: the CPU path and the reference speed.
+
+Forward: :func:`prep` (#1), :func:`summary_walk`, :func:`tape_walk` (#2),
+:func:`output` (#5). Backward: :func:`bwd_local_dv`, :func:`adjoint_summary`,
+:func:`adjoint_walk`, :func:`bwd_dqkwg`, :func:`bwd_wy`,
+:func:`bwd_gate_cumsum`, :func:`bwd_qk_norm`.
+Batched over chunks, heads and fragments; only the walks loop, over the chunk
+position inside a fragment.
+"""
+
+from .bwd_dqkwg import bwd_dqkwg
+from .bwd_gate_cumsum import bwd_gate_cumsum
+from .bwd_local_dv import bwd_local_dv
+from .bwd_qk_norm import bwd_qk_norm
+from .bwd_wy import bwd_wy
+from .adjoint_walk import adjoint_walk
+from .output import output
+from .prep import prep
+from .tape_walk import tape_walk
+
+__all__ = [
+    "adjoint_walk",
+    "bwd_dqkwg",
+    "bwd_gate_cumsum",
+    "bwd_local_dv",
+    "bwd_qk_norm",
+    "bwd_wy",
+    "output",
+    "prep",
+    "tape_walk",
+]

@@ -1,0 +1,81 @@
+"""Backward walk of the state adjoint dS, chunk by chunk from each fragment's end.
+
+    dh[c]   = dS                                   (adjoint of the chunk's end state)
+    dVn     = dVn_local + diag(gamma_C / gamma) K dS
+    dS_prev = gamma_C dS + scale (diag(gamma) Q)^T dO - W^T dVn
+
+Fragments walk together, last chunk first (``index.max_frag_chunks`` steps).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
+from ._chunks import chunk_rows, from_chunks, gates_to_chunks, load_qk, to_chunks
+from .tape_walk import write_end_states
+
+
+def end_adjoints(
+    index: ChunkIndex, like: torch.Tensor, d_final_state: torch.Tensor | None, lam_out: torch.Tensor | None
+) -> torch.Tensor:
+    """``[F, HV, K, V]``: ``d_final_state[frag_doc]`` (or zero), and ``lam_out[0]``
+    for the crossing-out fragment (always the last fragment)."""
+    dS = like.new_zeros((index.n_frag,) + like.shape[1:])
+    crossing_out = ((index.frag_flags & CROSSING_OUT) != 0)[:, None, None, None]
+    if d_final_state is not None:
+        dS = torch.where(crossing_out, dS, d_final_state[index.frag_doc.long()].to(dS.dtype))
+    if lam_out is not None:
+        dS = torch.where(crossing_out, lam_out[:1].to(dS.dtype), dS)
+    return dS
+
+
+def adjoint_walk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    gcum: torch.Tensor,
+    do: torch.Tensor,
+    dv_local: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
+    lam_out: torch.Tensor | None,
+    dh_out: torch.Tensor,
+    dv_out: torch.Tensor,
+    d_initial_state_out: torch.Tensor | None,
+) -> None:
+    """Walk the adjoints.
+
+    q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; gcum ``[T, HV]``; do, dv_local
+    ``[T, HV, V]``; d_final_state ``[N, HV, K, V]`` (rows by ``frag_doc``) or
+    None; lam_out ``[1, HV, K, V]``, the end adjoint of the crossing-out fragment,
+    or None. Writes dh_out ``[NC, HV, K, V]``, dv_out ``[T, HV, V]`` (the whole
+    dVn) and, for every fragment that does not cross in,
+    ``d_initial_state_out[frag_doc]`` (``[N, HV, K, V]``).
+    """
+    cdt = dh_out.dtype
+    HV, K, V = w.shape[1], w.shape[2], do.shape[2]
+    rows = chunk_rows(index)
+    qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
+    G = gates_to_chunks(gcum, rows, cdt)
+    gamma_last = torch.exp(G[..., -1])
+    k_decayed = torch.exp(G[..., -1:] - G)[..., None] * kc
+    q_decayed = scale * torch.exp(G)[..., None] * qc
+    doc, wc, dvl = to_chunks(do, rows, cdt), to_chunks(w, rows, cdt), to_chunks(dv_local, rows, cdt)
+    dv_new = torch.empty_like(dvl)
+    dS = end_adjoints(index, dh_out.new_empty((1, HV, K, V)), d_final_state, lam_out)
+    last_chunk = max(index.n_chunks - 1, 0)
+    for j in reversed(range(index.max_frag_chunks)):
+        active = index.frag_n_chunks > j
+        c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
+        dh_out[c[active]] = dS[active]
+        dvn = dvl[c] + k_decayed[c] @ dS
+        dv_new[c[active]] = dvn[active]
+        dS_prev = gamma_last[c][..., None, None] * dS + q_decayed[c].mT @ doc[c] - wc[c].mT @ dvn
+        dS = torch.where(active[:, None, None, None], dS_prev, dS)
+    from_chunks(dv_new, rows, dv_out)
+    write_end_states(index, dS, d_initial_state_out, CROSSING_IN)

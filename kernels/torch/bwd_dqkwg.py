@@ -1,0 +1,64 @@
+"""Backward: dq, dk, dw and the gate-cumsum gradient of the output and walk terms.
+
+With S0 = h[c], dS = dh[c], P = (Q K^T) * exp(G_i - G_j) * [i >= j]:
+
+    dQ = scale diag(gamma) dO S0^T + (dP * D) K,       dP = scale dO Vn^T
+    dK = (dP * D)^T Q + diag(gamma_C / gamma) Vn dS^T
+    dW = -dVn S0^T
+    dG = rows of the terms above through exp(G) (the chunk's last row also
+         takes gamma_C <dS, S0> and the decay of the end-state term)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..chunk_index import ChunkIndex
+from ._chunks import causal_decay, chunk_rows, from_chunks, gates_to_chunks, load_qk, to_chunks
+
+
+def bwd_dqkwg(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    gcum: torch.Tensor,
+    h: torch.Tensor,
+    v_new: torch.Tensor,
+    do: torch.Tensor,
+    dh: torch.Tensor,
+    dv_new: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    dq_out: torch.Tensor,
+    dk_out: torch.Tensor,
+    dw_out: torch.Tensor,
+    dg_out: torch.Tensor,
+) -> None:
+    """q, k ``[T, H_qk, K]``; gcum ``[T, HV]``; h, dh ``[NC, HV, K, V]``; v_new,
+    do, dv_new ``[T, HV, V]``. Writes, per value head and in the compute dtype,
+    dq_out, dk_out, dw_out ``[T, HV, K]`` and dg_out ``[T, HV]`` (gradient of the
+    gate cumsum)."""
+    cdt = h.dtype
+    HV = v_new.shape[1]
+    rows = chunk_rows(index)
+    qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
+    G = gates_to_chunks(gcum, rows, cdt)
+    vn, doc, dvn = to_chunks(v_new, rows, cdt), to_chunks(do, rows, cdt), to_chunks(dv_new, rows, cdt)
+    gamma = torch.exp(G)
+    gamma_ratio = torch.exp(G[..., -1:] - G)  # gamma_C / gamma
+
+    dq_state = scale * gamma[..., None] * (doc @ h.mT)
+    dscores = scale * (doc @ vn.mT) * causal_decay(G)  # dP * D
+    dk_end = gamma_ratio[..., None] * (vn @ dh.mT)
+    from_chunks(dq_state + dscores @ kc, rows, dq_out)
+    from_chunks(dscores.mT @ qc + dk_end, rows, dk_out)
+    from_chunks(-(dvn @ h.mT), rows, dw_out)
+
+    through_scores = dscores * (qc @ kc.mT)  # dP * P
+    through_end = (dk_end * kc).sum(-1)  # <dKd_i, Kd_i>
+    dG = (dq_state * qc).sum(-1) + through_scores.sum(-1) - through_scores.sum(-2) - through_end
+    d_last = through_end.sum(-1) + torch.exp(G[..., -1]) * (dh * h).sum((-2, -1))
+    dG = dG + rows.last[:, None, :] * d_last[..., None]
+    from_chunks(dG, rows, dg_out)

@@ -1,0 +1,61 @@
+"""Backward of the WY factors through A to k, v, beta and the gate cumsum.
+
+    W = A diag(beta gamma) K,   U = A diag(beta) V,   A = (I + L)^-1,
+    L = strict_lower(diag(beta) K K^T * exp(G_i - G_j))
+    dA = dW (beta gamma K)^T + dU (beta V)^T,   dL = -strict_lower(A^T dA A^T)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..chunk_index import ChunkIndex
+from ._chunks import add_from_chunks, causal_decay, chunk_rows, from_chunks, gates_to_chunks, load_qk
+from ._chunks import scalars_to_chunks, to_chunks
+
+
+def bwd_wy(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    gcum: torch.Tensor,
+    A: torch.Tensor,
+    dw: torch.Tensor,
+    du: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    k_rstd: torch.Tensor | None,
+    dk_acc: torch.Tensor,
+    dv_out: torch.Tensor,
+    dbeta_out: torch.Tensor,
+    dg_acc: torch.Tensor,
+) -> None:
+    """k ``[T, H_qk, K]``; v ``[T, HV, V]``; beta, gcum ``[T, HV]``; A ``[T, HV, C]``;
+    dw ``[T, HV, K]``; du ``[T, HV, V]`` (= dv_new). Adds into dk_acc ``[T, HV, K]``
+    and dg_acc ``[T, HV]``; writes dv_out ``[T, HV, V]`` and dbeta_out ``[T, HV]``
+    (compute dtype)."""
+    cdt = dk_acc.dtype
+    HV = v.shape[1]
+    rows = chunk_rows(index)
+    kc, vc = load_qk(k, k_rstd, rows, cdt, HV), to_chunks(v, rows, cdt)
+    bc, G = scalars_to_chunks(beta, rows, cdt), gates_to_chunks(gcum, rows, cdt)
+    Ac, dwc, duc = to_chunks(A, rows, cdt), to_chunks(dw, rows, cdt), to_chunks(du, rows, cdt)
+    beta_gamma = bc * torch.exp(G)
+    kb, vb = beta_gamma[..., None] * kc, bc[..., None] * vc
+    At_dw, At_du = Ac.mT @ dwc, Ac.mT @ duc
+    w_dot_k = (At_dw * kc).sum(-1)
+
+    decay = causal_decay(G, strict=True)
+    kkt = kc @ kc.mT
+    dA = dwc @ kb.mT + duc @ vb.mT
+    dL = -(Ac.mT @ dA @ Ac.mT).tril(-1)
+    dL_decayed = dL * decay
+    through_L = dL_decayed * kkt * bc[..., None]  # dL * L
+
+    dk = beta_gamma[..., None] * At_dw + (bc[..., None] * dL_decayed + (bc[..., None] * dL_decayed).mT) @ kc
+    dbeta = torch.exp(G) * w_dot_k + (At_du * vc).sum(-1) + (dL_decayed * kkt).sum(-1)
+    dG = beta_gamma * w_dot_k + through_L.sum(-1) - through_L.sum(-2)
+    add_from_chunks(dk, rows, dk_acc)
+    add_from_chunks(dG, rows, dg_acc)
+    from_chunks(bc[..., None] * At_du, rows, dv_out)
+    from_chunks(dbeta, rows, dbeta_out)
