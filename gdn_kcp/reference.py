@@ -27,6 +27,7 @@ def naive_recurrence(
     output_final_state: bool = False,
     use_qk_l2norm: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GDN by its definition, in fp64, with the layouts of
     :func:`gdn_kcp.chunk_gated_delta_rule`.
@@ -34,7 +35,8 @@ def naive_recurrence(
     q, k: ``[B, T, H_qk, K]``; v: ``[B, T, HV, V]``; g, beta: ``[B, T, HV]``;
     cu_seqlens ``[N + 1]`` (B = 1) or None (B documents of T tokens);
     initial_state ``[N, HV, K, V]``. Returns o ``[B, T, HV, V]`` and, when asked,
-    the final states ``[N, HV, K, V]``, both fp64.
+    the final states ``[N, HV, K, V]``, both fp64 (``compute_dtype``: a
+    benchmark may run the same loop in fp32; the oracle is fp64).
 
     Example::
 
@@ -45,7 +47,7 @@ def naive_recurrence(
     HV = v.shape[2]
     if scale is None:
         scale = K**-0.5
-    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    q, k, v, g, beta = (x.to(compute_dtype) for x in (q, k, v, g, beta))
     if use_qk_l2norm:
         q = q * torch.rsqrt(q.square().sum(-1, keepdim=True) + L2NORM_EPS)
         k = k * torch.rsqrt(k.square().sum(-1, keepdim=True) + L2NORM_EPS)
@@ -60,7 +62,7 @@ def naive_recurrence(
     outputs, finals = [], []
     for n, (b, start, end) in enumerate(docs):
         if initial_state is not None:
-            S = initial_state[n].double()
+            S = initial_state[n].to(compute_dtype)
         else:
             S = q.new_zeros(HV, K, v.shape[3])
         for t in range(start, end):

@@ -1,0 +1,38 @@
+# The two commands of the quick start: `make demo` and `make test`.
+# Each creates .venv and installs what it needs. With no torch in the venv,
+# torch==2.13.0 is preferred (a CPU build where a local file offers it, so a CPU
+# machine does not download a CUDA build); any torch>=2.11 is accepted.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: demo test bench-cpu clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0 || $(PIP) install "torch>=2.11"
+	touch $@
+
+$(VENV)/.base: pyproject.toml $(VENV)/.torch
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.base
+	$(PIP) install -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.base
+	$(PY) -m gdn_kcp demo
+
+test: $(VENV)/.test
+	$(PY) -m pytest
+
+bench-cpu: $(VENV)/.base
+	$(PY) benchmarks/cpu_chunk.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

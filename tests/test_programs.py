@@ -1,0 +1,53 @@
+"""Program-level checks: the chunk index, and the tapes of the forward programs
+against the fp64 oracle (h[c] is the state at each chunk start)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_inputs import make_inputs, max_abs, random_bounds
+
+from gdn_kcp import naive_recurrence
+from gdn_kcp.host.local import forward_local
+from gdn_kcp.kernels import CHUNK_SIZE, ChunkIndex
+
+
+def test_chunk_index_layout():
+    index = ChunkIndex.from_fragments([0, 100, 100, 130])
+    assert index.chunk_start.tolist() == [0, 64, 100]
+    assert index.chunk_len.tolist() == [64, 36, 30]
+    assert index.chunk_frag.tolist() == [0, 0, 2]
+    assert index.frag_first_chunk.tolist() == [0, 2, 2]
+    assert index.frag_n_chunks.tolist() == [2, 0, 1]
+    assert (index.n_tokens, index.n_chunks, index.n_frag, index.max_frag_chunks) == (130, 3, 3, 2)
+    assert all(t.dtype == torch.int32 for t in (index.chunk_start, index.frag_doc, index.frag_flags))
+
+
+@pytest.mark.parametrize("l2", [False, True])
+def test_tape_walk_states_are_prefix_states(l2):
+    T, H_qk, HV, K, V = 200, 1, 2, 16, 8
+    q, k, v, g, beta = make_inputs(T, H_qk, HV, K, V, seed=11, l2=l2)
+    bounds = random_bounds(T, seed=4, max_len=150)
+    N = len(bounds) - 1
+    state0 = torch.randn(N, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    index = ChunkIndex.from_fragments(bounds)
+    flat = [x[0] for x in (q, k, v, g, beta)]
+    _, final_state, tapes = forward_local(
+        *flat, index, scale=K**-0.5, use_qk_l2norm=l2, initial_state=state0, n_final_states=N
+    )
+    assert index.max_frag_chunks >= 2  # some document holds several chunks
+    for c in range(index.n_chunks):
+        f = int(index.chunk_frag[c])
+        start, end = bounds[f], int(index.chunk_start[c])
+        prefix = [x[:, start:end] for x in (q, k, v, g, beta)]
+        _, expected = naive_recurrence(
+            *prefix, initial_state=state0[f : f + 1], output_final_state=True, use_qk_l2norm=l2,
+            cu_seqlens=torch.tensor([0, end - start]),
+        )
+        assert max_abs(tapes.h[c], expected[0]) < 1e-10, c
+    _, expected_final = naive_recurrence(
+        q, k, v, g, beta, initial_state=state0, output_final_state=True, use_qk_l2norm=l2,
+        cu_seqlens=torch.tensor(bounds),
+    )
+    assert max_abs(final_state, expected_final) < 1e-10
+    assert tapes.A.shape == (T, HV, CHUNK_SIZE)

@@ -1,0 +1,15 @@
+"""Pins the public surface: adding or removing a name is a deliberate change."""
+
+import gdn_kcp
+
+
+def test_all_is_pinned():
+    assert sorted(gdn_kcp.__all__) == [
+        "chunk_gated_delta_rule",
+        "naive_recurrence",
+    ]
+
+
+def test_every_name_resolves():
+    for name in gdn_kcp.__all__:
+        assert getattr(gdn_kcp, name) is not None, name
