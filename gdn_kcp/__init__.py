@@ -4,11 +4,22 @@ See README.md for the quick start and DESIGN.md for the contract.
 """
 
 from gdn_kcp.chunk import chunk_gated_delta_rule
+from gdn_kcp.context import KcpContext, build_kcp_context
+from gdn_kcp.exchange import record_comm_bytes
+from gdn_kcp.kcp import gdn_kcp
+from gdn_kcp.options import OptionsKcp
+from gdn_kcp.queries import gdn_comm_bytes_kcp
 from gdn_kcp.reference import naive_recurrence
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "KcpContext",
+    "OptionsKcp",
+    "build_kcp_context",
     "chunk_gated_delta_rule",
+    "gdn_comm_bytes_kcp",
+    "gdn_kcp",
     "naive_recurrence",
+    "record_comm_bytes",
 ]

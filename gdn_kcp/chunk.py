@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_kcp.host.local import backward_local, forward_local, run_prep_and_walk
+from gdn_kcp.host import host_backward, host_forward
 from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.validate import check_flag, check_gdn_inputs
 
@@ -16,11 +16,10 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, index, scale, use_qk_l2norm, output_final_state):
-        n_states = index.n_frag
-        o, final_state, _ = forward_local(
+        o, final_state, _, _ = host_forward(
             q, k, v, g, beta, index,
             scale=scale, use_qk_l2norm=use_qk_l2norm, initial_state=initial_state,
-            n_final_states=n_states if output_final_state else None,
+            n_final_states=index.n_frag if output_final_state else None,
         )
         ctx.save_for_backward(q, k, v, g, beta, initial_state)
         ctx.index, ctx.scale, ctx.use_qk_l2norm = index, scale, use_qk_l2norm
@@ -30,14 +29,10 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
     def backward(ctx, do, d_final_state):
         q, k, v, g, beta, initial_state = ctx.saved_tensors
         index = ctx.index
-        tapes = run_prep_and_walk(
-            q, k, v, g, beta, index,
-            use_qk_l2norm=ctx.use_qk_l2norm, initial_state=initial_state, s_in=None, final_state_out=None,
-        )
-        grads = backward_local(
+        grads = host_backward(
             q, k, v, g, beta, index, do.contiguous(),
-            tapes=tapes, scale=ctx.scale, d_final_state=d_final_state,
-            n_initial_states=index.n_frag if initial_state is not None else None,
+            scale=ctx.scale, use_qk_l2norm=ctx.use_qk_l2norm, initial_state=initial_state,
+            d_final_state=d_final_state, n_initial_states=index.n_frag if initial_state is not None else None,
         )
         d_initial_state = None
         if initial_state is not None and ctx.needs_input_grad[5]:

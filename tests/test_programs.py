@@ -8,7 +8,7 @@ import torch
 from gdn_inputs import make_inputs, max_abs, random_bounds
 
 from gdn_kcp import naive_recurrence
-from gdn_kcp.host.local import forward_local
+from gdn_kcp.host import host_forward
 from gdn_kcp.kernels import CHUNK_SIZE, ChunkIndex
 
 
@@ -32,7 +32,7 @@ def test_tape_walk_states_are_prefix_states(l2):
     state0 = torch.randn(N, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     index = ChunkIndex.from_fragments(bounds)
     flat = [x[0] for x in (q, k, v, g, beta)]
-    _, final_state, tapes = forward_local(
+    _, final_state, tapes, _ = host_forward(
         *flat, index, scale=K**-0.5, use_qk_l2norm=l2, initial_state=state0, n_final_states=N
     )
     assert index.max_frag_chunks >= 2  # some document holds several chunks

@@ -5,8 +5,14 @@ import gdn_kcp
 
 def test_all_is_pinned():
     assert sorted(gdn_kcp.__all__) == [
+        "KcpContext",
+        "OptionsKcp",
+        "build_kcp_context",
         "chunk_gated_delta_rule",
+        "gdn_comm_bytes_kcp",
+        "gdn_kcp",
         "naive_recurrence",
+        "record_comm_bytes",
     ]
 
 

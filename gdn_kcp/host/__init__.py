@@ -1,11 +1,11 @@
 """The host path: the ordered program sequence of one forward and one backward.
 
 It owns every allocation and every exchange; programs only fill the buffers it
-hands them. ``forward_local`` / ``backward_local`` run the rank-local part
-(prep, tape walk, output; local dv, adjoint walk, gradient programs) given the
-boundary states that the KCP layer supplies.
+hands them. The same sequence serves one rank (no boundary) and KCP (a
+:class:`Boundary`: summary, exchange, boundary states).
 """
 
-from .local import ForwardTapes, backward_local, forward_local
+from .backward import Grads, host_backward
+from .forward import Boundary, BoundarySaved, ForwardTapes, host_forward
 
-__all__ = ["ForwardTapes", "backward_local", "forward_local"]
+__all__ = ["Boundary", "BoundarySaved", "ForwardTapes", "Grads", "host_backward", "host_forward"]

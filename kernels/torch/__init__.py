@@ -13,12 +13,15 @@ from .bwd_gate_cumsum import bwd_gate_cumsum
 from .bwd_local_dv import bwd_local_dv
 from .bwd_qk_norm import bwd_qk_norm
 from .bwd_wy import bwd_wy
+from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .output import output
 from .prep import prep
+from .summary_walk import summary_walk
 from .tape_walk import tape_walk
 
 __all__ = [
+    "adjoint_summary",
     "adjoint_walk",
     "bwd_dqkwg",
     "bwd_gate_cumsum",
@@ -27,5 +30,6 @@ __all__ = [
     "bwd_wy",
     "output",
     "prep",
+    "summary_walk",
     "tape_walk",
 ]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from ._chunks import chunk_rows, from_chunks, gates_to_chunks, load_qk, to_chunks
+from ._chunks import chunk_rows, from_chunks, to_chunks
+from ._walk import adjoint_step, q_decayed_do, walk_operands
 from .tape_walk import write_end_states
 
 
@@ -60,12 +61,9 @@ def adjoint_walk(
     cdt = dh_out.dtype
     HV, K, V = w.shape[1], w.shape[2], do.shape[2]
     rows = chunk_rows(index)
-    qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
-    G = gates_to_chunks(gcum, rows, cdt)
-    gamma_last = torch.exp(G[..., -1])
-    k_decayed = torch.exp(G[..., -1:] - G)[..., None] * kc
-    q_decayed = scale * torch.exp(G)[..., None] * qc
-    doc, wc, dvl = to_chunks(do, rows, cdt), to_chunks(w, rows, cdt), to_chunks(dv_local, rows, cdt)
+    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
+    pull = q_decayed_do(q, q_rstd, do, gcum, rows, cdt, scale)
+    dvl = to_chunks(dv_local, rows, cdt)
     dv_new = torch.empty_like(dvl)
     dS = end_adjoints(index, dh_out.new_empty((1, HV, K, V)), d_final_state, lam_out)
     last_chunk = max(index.n_chunks - 1, 0)
@@ -73,9 +71,8 @@ def adjoint_walk(
         active = index.frag_n_chunks > j
         c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
         dh_out[c[active]] = dS[active]
-        dvn = dvl[c] + k_decayed[c] @ dS
+        dvn, dS_prev = adjoint_step(ops, dvl, pull, c, dS)
         dv_new[c[active]] = dvn[active]
-        dS_prev = gamma_last[c][..., None, None] * dS + q_decayed[c].mT @ doc[c] - wc[c].mT @ dvn
         dS = torch.where(active[:, None, None, None], dS_prev, dS)
     from_chunks(dv_new, rows, dv_out)
     write_end_states(index, dS, d_initial_state_out, CROSSING_IN)

@@ -8,7 +8,7 @@ import torch
 
 def _reduce_and_unnorm(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor | None, out: torch.Tensor) -> None:
     T, H_qk, D = x.shape
-    dy = dy.view(T, H_qk, -1, D).sum(2)
+    dy = dy.view(T, H_qk, dy.shape[1] // H_qk, D).sum(2)
     if rstd is not None:
         r = rstd[..., None].to(dy.dtype)
         y = x.to(dy.dtype) * r

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from ._chunks import chunk_rows, from_chunks, gates_to_chunks, load_qk, to_chunks
+from ._chunks import chunk_rows, from_chunks, to_chunks
+from ._walk import state_step, walk_operands
 
 
 def start_states(
@@ -64,11 +65,8 @@ def tape_walk(
     cdt = h_out.dtype
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
-    kc = load_qk(k, k_rstd, rows, cdt, HV)
-    wc, uc = to_chunks(w, rows, cdt), to_chunks(u, rows, cdt)
-    G = gates_to_chunks(gcum, rows, cdt)
-    gamma_last = torch.exp(G[..., -1])  # [NC, HV]
-    k_decayed = torch.exp(G[..., -1:] - G)[..., None] * kc  # diag(gamma_C / gamma) K
+    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
+    uc = to_chunks(u, rows, cdt)
     v_new = torch.empty_like(uc)
     S = start_states(index, h_out.new_empty((1, HV, K, V)), initial_state, s_in)
     last_chunk = max(index.n_chunks - 1, 0)
@@ -76,9 +74,8 @@ def tape_walk(
         active = index.frag_n_chunks > j
         c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
         h_out[c[active]] = S[active]
-        vn = uc[c] - wc[c] @ S
+        vn, S_next = state_step(ops, uc, c, S)
         v_new[c[active]] = vn[active]
-        S_next = gamma_last[c][..., None, None] * S + k_decayed[c].mT @ vn
         S = torch.where(active[:, None, None, None], S_next, S)
     from_chunks(v_new, rows, v_new_out)
     write_end_states(index, S, final_state_out, CROSSING_OUT)

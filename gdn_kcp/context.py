@@ -1,0 +1,232 @@
+"""KcpContext: how one packed stream is split over the ranks of a process group.
+
+Built once per packing (host work, one small collective); every KCP call and
+byte query reads it. It knows every rank's fragment counts, so each rank can
+size every exchange without asking the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
+from gdn_kcp.validate import check_cu_seqlens
+
+
+@dataclass(frozen=True, eq=False)
+class KcpContext:
+    """This rank's view of a KCP split.
+
+    Group: ``R`` ranks, this one is ``rank``; ``group`` (None on a single rank
+    without torch.distributed) and its ``group_name``.
+    Split: ``rank_ranges[r] = (start, end)`` global token range of rank r;
+    ``n_tokens`` is this rank's length, ``n_tokens_global`` the stream's.
+    Per rank r (host tuples, every rank knows them): ``rank_n_in[r]``,
+    ``rank_n_out[r]`` (0 or 1: a crossing-in / crossing-out fragment) and
+    ``rank_middle[r]`` (1 when its one fragment crosses in and out),
+    ``rank_prev[r]`` / ``rank_next[r]`` (the chain neighbours of its crossing-in /
+    crossing-out fragment, -1 for none).
+    Chains: ``chains`` lists, per document that crosses a rank boundary, the
+    ranks holding its fragments in order (the owners compose along them).
+    This rank: ``index`` (a :class:`ChunkIndex` on the CPU) and ``device_index``
+    (the same tables on ``device``); fragments carry global document ids.
+    """
+
+    R: int
+    rank: int
+    group: object
+    group_name: str
+    rank_ranges: tuple[tuple[int, int], ...]
+    n_docs: int
+    rank_n_in: tuple[int, ...]
+    rank_n_out: tuple[int, ...]
+    rank_middle: tuple[int, ...]
+    rank_prev: tuple[int, ...]
+    rank_next: tuple[int, ...]
+    chains: tuple[tuple[int, ...], ...]
+    index: ChunkIndex
+    device_index: ChunkIndex = field(repr=False)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.rank_ranges[self.rank][1] - self.rank_ranges[self.rank][0]
+
+    @property
+    def n_tokens_global(self) -> int:
+        return self.rank_ranges[-1][1]
+
+    @property
+    def n_in(self) -> int:
+        return self.rank_n_in[self.rank]
+
+    @property
+    def n_out(self) -> int:
+        return self.rank_n_out[self.rank]
+
+    @property
+    def n_frag(self) -> int:
+        return self.index.n_frag
+
+    @property
+    def exchanges(self) -> bool:
+        """True when some document crosses a rank boundary (the collectives run)."""
+        return bool(self.chains)
+
+    def owner_heads(self, HV: int) -> int:
+        """``s_owner = ceil(HV / R)``: value heads per owner slice (the last padded)."""
+        return -(-HV // self.R)
+
+    def padded_heads(self, HV: int) -> int:
+        """``s_pad = R * s_owner``: heads of a padded summary or state on the wire."""
+        return self.R * self.owner_heads(HV)
+
+
+def default_ranges(T: int, R: int) -> list[tuple[int, int]]:
+    """Contiguous ranges as equal as possible: rank r holds ``[r T // R, (r + 1) T // R)``."""
+    return [(r * T // R, (r + 1) * T // R) for r in range(R)]
+
+
+def check_ranges(ranges: object, T: int, R: int) -> list[tuple[int, int]]:
+    if not isinstance(ranges, (list, tuple)) or len(ranges) != R:
+        raise ValueError(f"rank_ranges must list one (start, end) per rank (R = {R}), got {ranges!r}")
+    pairs = [tuple(int(x) for x in pair) for pair in ranges]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"rank_ranges must hold (start, end) pairs, got {ranges!r}")
+    if pairs[0][0] != 0 or pairs[-1][1] != T:
+        raise ValueError(f"rank_ranges must cover [0, T = {T}), got {pairs}")
+    for r, (start, end) in enumerate(pairs):
+        if end < start:
+            raise ValueError(f"rank_ranges[{r}] = {(start, end)} ends before it starts")
+        if r + 1 < R and pairs[r + 1][0] != end:
+            raise ValueError(
+                f"rank_ranges must be contiguous, got rank_ranges[{r}] = {(start, end)} and "
+                f"rank_ranges[{r + 1}] = {pairs[r + 1]}"
+            )
+    return pairs
+
+
+def rank_fragments(bounds: list[int], start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """``(doc, local_start, local_end, flags)`` of every non-empty document part
+    in ``[start, end)``. Zero-length documents hold no tokens and no state on a
+    KCP rank: they make no fragment."""
+    frags = []
+    for doc in range(len(bounds) - 1):
+        s, e = bounds[doc], bounds[doc + 1]
+        lo, hi = max(s, start), min(e, end)
+        if lo < hi:
+            flags = (CROSSING_IN if s < start else 0) | (CROSSING_OUT if e > end else 0)
+            frags.append((doc, lo - start, hi - start, flags))
+    return frags
+
+
+def _group_device(group: object) -> torch.device:
+    backend = dist.get_backend(group)
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def _check_same_everywhere(bounds: list[int], ranges: list[tuple[int, int]], group: object, R: int) -> None:
+    """One all_gather of two digests; every rank raises naming the ranks whose
+    metadata differ from rank 0's."""
+
+    def digest(values: list[int]) -> int:
+        raw = hashlib.sha256(",".join(map(str, values)).encode()).digest()
+        return int.from_bytes(raw[:7], "little")
+
+    flat_ranges = [x for pair in ranges for x in pair]
+    device = _group_device(group)
+    mine = torch.tensor([digest(bounds), digest(flat_ranges)], dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(R)]
+    dist.all_gather(gathered, mine, group=group)
+    every = torch.stack(gathered).cpu()
+    for column, name in ((0, "cu_seqlens_global"), (1, "rank_ranges")):
+        differ = [r for r in range(R) if every[r, column] != every[0, column]]
+        if differ:
+            raise ValueError(f"build_kcp_context: ranks {differ} were given a different {name} than rank 0")
+
+
+def build_kcp_context(
+    cu_seqlens_global: torch.Tensor,
+    group: object = None,
+    *,
+    rank_ranges: list[tuple[int, int]] | None = None,
+    device: torch.device | str | None = None,
+) -> KcpContext:
+    """Split the packed stream of ``cu_seqlens_global`` (``[N + 1]``, int32/int64,
+    the same on every rank) across the ranks of ``group``.
+
+    Default split: contiguous and as equal as possible. ``rank_ranges`` gives any
+    contiguous split covering ``[0, T)`` (uneven, empty ranks allowed), the same
+    on every rank. Without torch.distributed initialised and with ``group=None``
+    the context is a single rank. ``device``: where the device copy of the
+    metadata lives (default: CUDA for an NCCL group, else CPU).
+
+    Example::
+
+        ctx = build_kcp_context(torch.tensor([0, 700, 1000, 4096]), rank_ranges=[(0, 1000), (1000, 4096)])
+    """
+    if not isinstance(cu_seqlens_global, torch.Tensor):
+        raise TypeError(f"cu_seqlens_global must be a torch.Tensor [N + 1], got {type(cu_seqlens_global).__name__}")
+    T = int(cu_seqlens_global[-1]) if cu_seqlens_global.numel() else 0
+    bounds = check_cu_seqlens(cu_seqlens_global, T)
+    if dist.is_available() and dist.is_initialized():
+        R, rank = dist.get_world_size(group), dist.get_rank(group)
+        group_name = (group if group is not None else dist.group.WORLD).group_name
+    elif group is None:
+        R, rank, group_name = 1, 0, ""
+    else:
+        raise ValueError(f"group={group!r} was given but torch.distributed is not initialised")
+    ranges = default_ranges(T, R) if rank_ranges is None else check_ranges(rank_ranges, T, R)
+    if R > 1:
+        _check_same_everywhere(bounds, ranges, group, R)
+
+    if device is None:
+        device = _group_device(group) if R > 1 else torch.device("cpu")
+    return context_from_split(bounds, ranges, rank, group=group, group_name=group_name, device=device)
+
+
+def context_from_split(
+    bounds: list[int],
+    ranges: list[tuple[int, int]],
+    rank: int,
+    *,
+    group: object = None,
+    group_name: str = "",
+    device: torch.device | str = "cpu",
+) -> KcpContext:
+    """The context of ``rank`` for document bounds and checked rank ranges: a
+    pure function (no collective), also used to ask byte queries about any rank
+    of any split without a process group."""
+    R = len(ranges)
+    every_rank = [rank_fragments(bounds, start, end) for start, end in ranges]
+    rank_n_in = tuple(int(any(f[3] & CROSSING_IN for f in frags)) for frags in every_rank)
+    rank_n_out = tuple(int(any(f[3] & CROSSING_OUT for f in frags)) for frags in every_rank)
+    rank_middle = tuple(
+        int(len(frags) == 1 and frags[0][3] == CROSSING_IN | CROSSING_OUT) for frags in every_rank
+    )
+    chain_ranks: dict[int, list[int]] = {}
+    for r, frags in enumerate(every_rank):
+        for doc, _, _, flags in frags:
+            if flags:
+                chain_ranks.setdefault(doc, []).append(r)
+    chains = tuple(tuple(chain_ranks[doc]) for doc in sorted(chain_ranks))
+    rank_prev, rank_next = [-1] * R, [-1] * R
+    for chain in chains:
+        for before, after in zip(chain, chain[1:]):
+            rank_next[before], rank_prev[after] = after, before
+
+    mine = every_rank[rank]  # documents tile the stream, so their parts tile the range
+    index = ChunkIndex.from_fragments(
+        [0] + [f[2] for f in mine] if mine else [0],
+        frag_doc=[f[0] for f in mine],
+        frag_flags=[f[3] for f in mine],
+    )
+    return KcpContext(
+        R=R, rank=rank, group=group, group_name=group_name, rank_ranges=tuple(ranges), n_docs=len(bounds) - 1,
+        rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
+        rank_prev=tuple(rank_prev), rank_next=tuple(rank_next), chains=chains,
+        index=index, device_index=index.to(device),
+    )

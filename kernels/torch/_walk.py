@@ -1,0 +1,58 @@
+"""One chunk step of the state walk and of the adjoint walk, shared by the
+programs that walk (tape walk, summary walk, adjoint walk, adjoint summary)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._chunks import ChunkRows, gates_to_chunks, load_qk, to_chunks
+
+
+class WalkOperands(NamedTuple):
+    """Per chunk: ``w`` ``[NC, HV, C, K]``, ``k_decayed = diag(gamma_C / gamma) K``
+    ``[NC, HV, C, K]``, ``gamma_last = gamma_C`` ``[NC, HV]``."""
+
+    w: torch.Tensor
+    k_decayed: torch.Tensor
+    gamma_last: torch.Tensor
+
+
+def walk_operands(
+    k: torch.Tensor, k_rstd: torch.Tensor | None, w: torch.Tensor, gcum: torch.Tensor, rows: ChunkRows,
+    dtype: torch.dtype,
+) -> WalkOperands:
+    HV = w.shape[1]
+    G = gates_to_chunks(gcum, rows, dtype)
+    k_decayed = torch.exp(G[..., -1:] - G)[..., None] * load_qk(k, k_rstd, rows, dtype, HV)
+    return WalkOperands(to_chunks(w, rows, dtype), k_decayed, torch.exp(G[..., -1]))
+
+
+def state_step(ops: WalkOperands, u: torch.Tensor, c: torch.Tensor, S: torch.Tensor):
+    """Chunks ``c`` ``[F]`` from start states ``S`` ``[F, HV, K, V]`` (u in chunk
+    layout): returns ``(v_new, S_end)``."""
+    vn = u[c] - ops.w[c] @ S
+    return vn, ops.gamma_last[c][..., None, None] * S + ops.k_decayed[c].mT @ vn
+
+
+def adjoint_step(
+    ops: WalkOperands, dv_local: torch.Tensor, q_decayed_do: torch.Tensor, c: torch.Tensor, dS: torch.Tensor
+):
+    """Chunks ``c`` ``[F]`` from end adjoints ``dS`` ``[F, HV, K, V]``; ``q_decayed_do``
+    is ``scale (diag(gamma) Q)^T dO`` per chunk ``[NC, HV, K, V]``. Returns
+    ``(dv_new, dS_start)``."""
+    dvn = dv_local[c] + ops.k_decayed[c] @ dS
+    return dvn, ops.gamma_last[c][..., None, None] * dS + q_decayed_do[c] - ops.w[c].mT @ dvn
+
+
+def q_decayed_do(
+    q: torch.Tensor, q_rstd: torch.Tensor | None, do: torch.Tensor, gcum: torch.Tensor, rows: ChunkRows,
+    dtype: torch.dtype, scale: float,
+) -> torch.Tensor:
+    """``scale (diag(gamma) Q)^T dO`` per chunk, ``[NC, HV, K, V]``: the output's
+    pull on the chunk's start state."""
+    HV = do.shape[1]
+    G = gates_to_chunks(gcum, rows, dtype)
+    qc = load_qk(q, q_rstd, rows, dtype, HV)
+    return (scale * torch.exp(G)[..., None] * qc).mT @ to_chunks(do, rows, dtype)

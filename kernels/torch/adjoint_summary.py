@@ -1,0 +1,44 @@
+"""KCP adjoint summary: ``nu``, the start adjoint of the crossing-in fragment
+walked back from a zero end adjoint. With the true end adjoint ``lambda_end``
+the start adjoint is ``M^T lambda_end + nu``, which the owners compose."""
+
+from __future__ import annotations
+
+import torch
+
+from ..chunk_index import ChunkIndex
+from ._chunks import chunk_rows, to_chunks
+from ._walk import adjoint_step, q_decayed_do, walk_operands
+
+
+def adjoint_summary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    gcum: torch.Tensor,
+    do: torch.Tensor,
+    dv_local: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    nu_out: torch.Tensor,
+) -> None:
+    """Walk fragment 0 (the crossing-in one) of ``index`` backwards from zero.
+
+    q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; gcum ``[T, HV]``; do, dv_local
+    ``[T, HV, V]``. Writes nu_out ``[1, HV, K, V]`` (compute dtype).
+    """
+    cdt = nu_out.dtype
+    rows = chunk_rows(index)
+    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
+    pull = q_decayed_do(q, q_rstd, do, gcum, rows, cdt, scale)
+    dvl = to_chunks(dv_local, rows, cdt)
+    n = index.frag_n_chunks[:1].long()  # fragment 0 starts at chunk 0
+    dS = torch.zeros_like(nu_out)
+    for j in reversed(range(index.max_frag_chunks)):
+        c = torch.full_like(n, j).clamp(max=index.n_chunks - 1)
+        _, dS_prev = adjoint_step(ops, dvl, pull, c, dS)
+        dS = torch.where((n > j)[:, None, None, None], dS_prev, dS)
+    nu_out.copy_(dS)

@@ -1,0 +1,57 @@
+"""KCP summary: fold the crossing-out fragment into ``(M, S_loc)`` from a zero state.
+
+Each chunk is affine in its start state, ``S_C = T_c S0 + B_c`` with
+``T_c = gamma_C I - (diag(gamma_C / gamma) K)^T W`` and
+``B_c = (diag(gamma_C / gamma) K)^T U``; the fragment folds to
+``S_end = M S_start + S_loc``, ``M = T_n ... T_1``. M is only needed when the
+fragment also crosses in (a middle rank); a fragment that starts its document
+has a zero start state and sends ``S_loc`` alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..chunk_index import ChunkIndex
+from ._chunks import chunk_rows, to_chunks
+from ._walk import state_step, walk_operands
+
+
+def summary_walk(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    gcum: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    k_rstd: torch.Tensor | None,
+    s_loc_out: torch.Tensor,
+    m_out: torch.Tensor | None,
+) -> None:
+    """Walk the last fragment (the crossing-out one) of ``index`` from zero.
+
+    k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, gcum ``[T, HV]`` from
+    prep. Writes s_loc_out ``[1, HV, K, V]`` and, when given, m_out
+    ``[1, HV, K, K]`` (both in the compute dtype, ``s_loc_out.dtype``).
+    """
+    cdt = s_loc_out.dtype
+    HV, K, V = w.shape[1], w.shape[2], u.shape[2]
+    rows = chunk_rows(index)
+    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
+    uc = to_chunks(u, rows, cdt)
+    # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
+    # [T_c S + B_c | T_c M], and it starts at [0 | I].
+    X = s_loc_out.new_zeros(1, HV, K, V + (K if m_out is not None else 0))
+    if m_out is not None:
+        uc = torch.cat([uc, uc.new_zeros(uc.shape[:-1] + (K,))], dim=-1)
+        X[..., V:] = torch.eye(K, dtype=cdt, device=X.device)
+    last = index.n_frag - 1
+    n = index.frag_n_chunks[last : last + 1].long()
+    first = index.frag_first_chunk[last : last + 1].long()
+    for j in range(index.max_frag_chunks):
+        c = (first + j).clamp(max=index.n_chunks - 1)
+        _, X_next = state_step(ops, uc, c, X)
+        X = torch.where((n > j)[:, None, None, None], X_next, X)
+    s_loc_out.copy_(X[..., :V])
+    if m_out is not None:
+        m_out.copy_(X[..., V:])
