@@ -1,0 +1,132 @@
+"""KcpContext construction (pure, no process group), option and input checks,
+and the comm-byte query's shape: constant per rank whatever R."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_inputs import make_inputs
+
+from gdn_kcp import OptionsKcp, build_kcp_context, gdn_comm_bytes_kcp, gdn_kcp
+from gdn_kcp.context import check_ranges, context_from_split, default_ranges
+from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT
+
+
+def test_default_split_is_contiguous_and_even():
+    assert default_ranges(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert default_ranges(2, 4) == [(0, 0), (0, 1), (1, 1), (1, 2)]
+
+
+def test_fragment_tables():
+    bounds = [0, 5, 5, 100, 130]  # a zero-length document at 5 makes no fragment
+    ranges = [(0, 40), (40, 40), (40, 90), (90, 130)]
+    ctx = context_from_split(bounds, ranges, 2)
+    assert ctx.n_tokens == 50 and ctx.n_frag == 1
+    assert ctx.index.frag_doc.tolist() == [2]
+    assert ctx.index.frag_flags.tolist() == [CROSSING_IN | CROSSING_OUT]
+    assert ctx.rank_n_in == (0, 0, 1, 1) and ctx.rank_n_out == (1, 0, 1, 0)
+    assert ctx.rank_middle == (0, 0, 1, 0)
+    assert ctx.chains == ((0, 2, 3),)  # the empty rank 1 holds no fragment
+    assert ctx.rank_prev == (-1, -1, 0, 2) and ctx.rank_next == (2, -1, 3, -1)
+    first = context_from_split(bounds, ranges, 0)
+    assert first.index.frag_doc.tolist() == [0, 2]
+    assert first.index.frag_start.tolist() == [0, 5] and first.index.frag_len.tolist() == [5, 35]
+    assert first.index.frag_flags.tolist() == [0, CROSSING_OUT]
+    last = context_from_split(bounds, ranges, 3)
+    assert last.index.frag_doc.tolist() == [2, 3]
+    assert last.index.frag_flags.tolist() == [CROSSING_IN, 0]
+
+
+def test_documents_ending_on_a_boundary_do_not_cross():
+    ctx = context_from_split([0, 64, 128], [(0, 64), (64, 128)], 1)
+    assert not ctx.exchanges and ctx.chains == ()
+
+
+def test_single_process_context():
+    ctx = build_kcp_context(torch.tensor([0, 10, 30]))
+    assert (ctx.R, ctx.rank, ctx.rank_ranges, ctx.group_name) == (1, 0, ((0, 30),), "")
+
+
+@pytest.mark.parametrize(
+    "ranges,match",
+    [
+        ([(0, 10)], r"one \(start, end\) per rank \(R = 2\)"),
+        ([(0, 10), (10, 20)], r"must cover \[0, T = 30\)"),
+        ([(0, 10), (12, 30)], r"contiguous, got rank_ranges\[0\] = \(0, 10\) and rank_ranges\[1\] = \(12, 30\)"),
+        ([(0, 20), (20, 15), (15, 30)], r"rank_ranges\[1\] = \(20, 15\) ends before it starts"),
+    ],
+)
+def test_bad_rank_ranges(ranges, match):
+    R = 3 if len(ranges) == 3 else 2
+    with pytest.raises(ValueError, match=match):
+        check_ranges(ranges, 30, R)
+
+
+def test_owner_slices_pad_the_last():
+    ctx = context_from_split([0, 100], default_ranges(100, 4), 0)
+    assert (ctx.owner_heads(6), ctx.padded_heads(6)) == (2, 8)
+    ctx5 = context_from_split([0, 100], default_ranges(100, 5), 0)
+    assert (ctx5.owner_heads(12), ctx5.padded_heads(12)) == (3, 15)
+    assert (ctx5.owner_heads(48), ctx5.padded_heads(48)) == (10, 50)
+
+
+def test_a2a_traffic_per_rank_is_independent_of_R():
+    """One document over every rank: a middle rank sends one padded summary and
+    receives one padded state, and as an owner receives at most s_pad heads of
+    summaries, whatever R; an all-gather would receive R * HV."""
+    HV, K, V = 48, 128, 128
+    for R in (3, 4, 8, 16):
+        ctx = context_from_split([0, 16 * R], default_ranges(16 * R, R), 1)
+        assert ctx.rank_middle[1] == 1
+        s_pad = ctx.padded_heads(HV)
+        assert s_pad < HV + R
+        comm = gdn_comm_bytes_kcp(ctx, HV, K, V)
+        assert comm["c1"]["send"] == s_pad * K * (K + V) * 4
+        assert comm["c2"]["recv"] == s_pad * K * V * 4
+        assert comm["c1"]["recv"] <= s_pad * K * (K + V) * 4 < R * HV * K * (K + V) * 4
+
+
+def test_comm_bytes_options():
+    ctx = context_from_split([0, 100], default_ranges(100, 2), 0)
+    a2a = gdn_comm_bytes_kcp(ctx, 4, 16, 16)
+    ring = gdn_comm_bytes_kcp(ctx, 4, 16, 16, exchange="ring")
+    assert ring == gdn_comm_bytes_kcp(ctx, 4, 16, 16, options=OptionsKcp(exchange="ring"))
+    assert ring["c1"] == {"send": 4 * 16 * 16 * 4, "recv": 0} and ring["c2"] == {"send": 0, "recv": 0}
+    assert a2a["c1"]["send"] == 4 * 16 * 16 * 4
+    assert gdn_comm_bytes_kcp(ctx, 4, 16, 16, dtype=torch.float64)["c1"]["send"] == 2 * a2a["c1"]["send"]
+    with pytest.raises(ValueError, match=r"exchange='ring' disagrees with options.exchange='a2a'"):
+        gdn_comm_bytes_kcp(ctx, 4, 16, 16, exchange="ring", options=OptionsKcp())
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match=r"OptionsKcp.exchange must be one of \('a2a', 'ring'\), got 'nccl'"):
+        OptionsKcp(exchange="nccl")
+    with pytest.raises(ValueError, match=r"OptionsKcp.use_qk_l2norm must be a bool, got 1"):
+        OptionsKcp(use_qk_l2norm=1)
+
+
+def test_gdn_kcp_input_checks():
+    ctx = build_kcp_context(torch.tensor([0, 20, 40]))
+    q, k, v, g, beta = make_inputs(40, 1, 2, 8, 8)
+    with pytest.raises(TypeError, match=r"ctx must be a KcpContext \(from build_kcp_context\), got dict"):
+        gdn_kcp(q, k, v, g, beta, {})
+    with pytest.raises(ValueError, match=r"q holds T = 39 tokens but rank 0 of the context holds 40"):
+        gdn_kcp(q[:, 1:], k[:, 1:], v[:, 1:], g[:, 1:], beta[:, 1:], ctx)
+    with pytest.raises(TypeError, match=r"options must be an OptionsKcp or None, got str"):
+        gdn_kcp(q, k, v, g, beta, ctx, options="ring")
+    with pytest.raises(ValueError, match=r"use_qk_l2norm=True disagrees with options.use_qk_l2norm=False"):
+        gdn_kcp(q, k, v, g, beta, ctx, use_qk_l2norm=True, options=OptionsKcp())
+    qb, kb, vb, gb, betab = make_inputs(20, 1, 2, 8, 8, B=2)
+    with pytest.raises(ValueError, match=r"gdn_kcp takes one packed row per rank \(B = 1\), got B = 2"):
+        gdn_kcp(qb, kb, vb, gb, betab, ctx)
+
+
+def test_one_rank_equals_chunk_gated_delta_rule():
+    from gdn_kcp import chunk_gated_delta_rule
+
+    bounds = torch.tensor([0, 20, 20, 90])
+    ctx = build_kcp_context(bounds)
+    inputs = make_inputs(90, 1, 2, 8, 8, l2=True, seed=3)
+    o = gdn_kcp(*inputs, ctx, use_qk_l2norm=True)
+    ref, _ = chunk_gated_delta_rule(*inputs, cu_seqlens=bounds, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(o, ref)
