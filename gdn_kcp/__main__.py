@@ -5,16 +5,23 @@ from __future__ import annotations
 import argparse
 
 from gdn_kcp.demo import run_demo
+from gdn_kcp.demo_kcp import run_kcp_demo
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gdn_kcp")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="train a small GDN layer on CPU and check it against the oracle")
-    demo.add_argument("--steps", type=int, default=60)
-    demo.add_argument("--tokens", type=int, default=1024)
+    demo = commands.add_parser(
+        "demo", help="KCP over R CPU processes against one rank, then train a small GDN layer on CPU"
+    )
+    demo.add_argument("--ranks", type=int, default=4, help="processes of the KCP run (gloo)")
+    demo.add_argument("--kcp-tokens", type=int, default=4096)
+    demo.add_argument("--steps", type=int, default=60, help="training steps of the single-rank layer")
+    demo.add_argument("--tokens", type=int, default=1024, help="tokens per training batch")
     args = parser.parse_args(argv)
     if args.command == "demo":
+        run_kcp_demo(R=args.ranks, T=args.kcp_tokens)
+        print()
         run_demo(steps=args.steps, T=args.tokens)
 
 

@@ -35,7 +35,7 @@ def make_inputs(
         q = q / q.norm(dim=-1, keepdim=True)
         k = k / k.norm(dim=-1, keepdim=True)
     v = randn(B, T, HV, V)
-    g = torch.nn.functional.logsigmoid(randn(B, T, HV) + 2.0)  # decays in (0.5, 1) mostly
+    g = torch.nn.functional.logsigmoid(randn(B, T, HV) + 4.0)  # exp(g) ~ 0.98: states live ~50 tokens
     beta = torch.sigmoid(randn(B, T, HV))
     return [x.to(dtype) for x in (q, k, v, g, beta)]
 
