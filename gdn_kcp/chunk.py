@@ -4,40 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from gdn_kcp.host import host_backward, host_forward
-from gdn_kcp.kernels import ChunkIndex
+from gdn_kcp.autograd import GdnFunction
+from gdn_kcp.context import context_from_split
+from gdn_kcp.host import Call
+from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_flag, check_gdn_inputs
-
-
-class _ChunkGatedDeltaRule(torch.autograd.Function):
-    """Autograd over the explicit backward programs (no autograd through the
-    forward). Saves the inputs only: the backward recomputes prep and the tape
-    walk (the light save mode)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, index, scale, use_qk_l2norm, output_final_state):
-        o, final_state, _, _ = host_forward(
-            q, k, v, g, beta, index,
-            scale=scale, use_qk_l2norm=use_qk_l2norm, initial_state=initial_state,
-            n_final_states=index.n_frag if output_final_state else None,
-        )
-        ctx.save_for_backward(q, k, v, g, beta, initial_state)
-        ctx.index, ctx.scale, ctx.use_qk_l2norm = index, scale, use_qk_l2norm
-        return o, final_state
-
-    @staticmethod
-    def backward(ctx, do, d_final_state):
-        q, k, v, g, beta, initial_state = ctx.saved_tensors
-        index = ctx.index
-        grads = host_backward(
-            q, k, v, g, beta, index, do.contiguous(),
-            scale=ctx.scale, use_qk_l2norm=ctx.use_qk_l2norm, initial_state=initial_state,
-            d_final_state=d_final_state, n_initial_states=index.n_frag if initial_state is not None else None,
-        )
-        d_initial_state = None
-        if initial_state is not None and ctx.needs_input_grad[5]:
-            d_initial_state = grads.d_initial_state.to(initial_state.dtype)
-        return grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, d_initial_state, None, None, None, None
 
 
 def chunk_gated_delta_rule(
@@ -69,7 +40,9 @@ def chunk_gated_delta_rule(
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state
     fp32 (fp64 for fp64 inputs) or None. Computation is in fp32 (fp64 for fp64
-    inputs). Reads ``cu_seqlens`` on the host once per call, like FLA.
+    inputs). Reads ``cu_seqlens`` on the host once per call, like FLA. It is
+    the one-rank case of :func:`gdn_kcp` (same host path, save plan and
+    workspace layout, default options).
 
     Example::
 
@@ -84,20 +57,21 @@ def chunk_gated_delta_rule(
     )
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
-    if scale is None:
-        scale = dims.K**-0.5
-    index = ChunkIndex.from_fragments(bounds, device=q.device)
     BT = dims.B * dims.T
-    o, final_state = _ChunkGatedDeltaRule.apply(
+    ctx = context_from_split(bounds, [(0, BT)], 0, device=q.device)
+    call = Call(
+        ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel), ctx.device_index, dims.HV, dims.K, dims.V,
+        float(dims.K**-0.5 if scale is None else scale),
+    )
+    o, final_state = GdnFunction.apply(
         q.reshape(BT, dims.H_qk, dims.K),
         k.reshape(BT, dims.H_qk, dims.K),
         v.reshape(BT, dims.HV, dims.V),
         g.reshape(BT, dims.HV),
         beta.reshape(BT, dims.HV),
         initial_state,
-        index,
-        float(scale),
-        use_qk_l2norm_in_kernel,
-        output_final_state,
+        call,
+        None,
+        dims.N if output_final_state else None,
     )
     return o.view(dims.B, dims.T, dims.HV, dims.V), final_state

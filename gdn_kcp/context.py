@@ -109,17 +109,18 @@ def check_ranges(ranges: object, T: int, R: int) -> list[tuple[int, int]]:
     return pairs
 
 
-def rank_fragments(bounds: list[int], start: int, end: int) -> list[tuple[int, int, int, int]]:
-    """``(doc, local_start, local_end, flags)`` of every non-empty document part
-    in ``[start, end)``. Zero-length documents hold no tokens and no state on a
-    KCP rank: they make no fragment."""
+def rank_fragments(bounds: list[int], start: int, end: int, last_rank: bool) -> list[tuple[int, int, int, int]]:
+    """``(doc, local_start, local_end, flags)`` of every document part in
+    ``[start, end)``. A zero-length document at position p belongs to the rank
+    with ``start <= p < end`` (the last rank for p = T): it carries its initial
+    state to its final state there."""
     frags = []
     for doc in range(len(bounds) - 1):
         s, e = bounds[doc], bounds[doc + 1]
         lo, hi = max(s, start), min(e, end)
-        if lo < hi:
+        if lo < hi or (s == e and (start <= s < end or (last_rank and s == end))):
             flags = (CROSSING_IN if s < start else 0) | (CROSSING_OUT if e > end else 0)
-            frags.append((doc, lo - start, hi - start, flags))
+            frags.append((doc, lo - start, max(hi, lo) - start, flags))
     return frags
 
 
@@ -201,7 +202,7 @@ def context_from_split(
     pure function (no collective), also used to ask byte queries about any rank
     of any split without a process group."""
     R = len(ranges)
-    every_rank = [rank_fragments(bounds, start, end) for start, end in ranges]
+    every_rank = [rank_fragments(bounds, start, end, r == R - 1) for r, (start, end) in enumerate(ranges)]
     rank_n_in = tuple(int(any(f[3] & CROSSING_IN for f in frags)) for frags in every_rank)
     rank_n_out = tuple(int(any(f[3] & CROSSING_OUT for f in frags)) for frags in every_rank)
     rank_middle = tuple(

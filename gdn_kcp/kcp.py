@@ -6,35 +6,12 @@ from dataclasses import replace
 
 import torch
 
+from gdn_kcp.autograd import GdnFunction, check_workspace
 from gdn_kcp.context import KcpContext
-from gdn_kcp.host import Boundary, BoundarySaved, host_backward, host_forward
+from gdn_kcp.host import Call
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_gdn_inputs
-
-
-class _GdnKcp(torch.autograd.Function):
-    """Forward and backward of one rank, exchanging boundary states with the
-    others; saves the inputs and the boundary state (light save mode)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, boundary: Boundary, scale: float):
-        index = boundary.ctx.device_index if q.device.type != "cpu" else boundary.ctx.index
-        o, _, _, saved = host_forward(
-            q, k, v, g, beta, index, scale=scale, use_qk_l2norm=boundary.options.use_qk_l2norm, boundary=boundary
-        )
-        ctx.save_for_backward(q, k, v, g, beta, saved.s_in, saved.m)
-        ctx.boundary, ctx.index, ctx.scale = boundary, index, scale
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, g, beta, s_in, m = ctx.saved_tensors
-        grads = host_backward(
-            q, k, v, g, beta, ctx.index, do.contiguous(),
-            scale=ctx.scale, use_qk_l2norm=ctx.boundary.options.use_qk_l2norm,
-            boundary=ctx.boundary, saved=BoundarySaved(s_in=s_in, m=m),
-        )
-        return grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, None, None
+from gdn_kcp.workspace import WorkspaceKcp
 
 
 def resolve_options(options: OptionsKcp | None, use_qk_l2norm: bool | None) -> OptionsKcp:
@@ -62,6 +39,7 @@ def gdn_kcp(
     scale: float | None = None,
     use_qk_l2norm: bool | None = None,
     options: OptionsKcp | None = None,
+    workspace: WorkspaceKcp | None = None,
 ) -> torch.Tensor:
     """GDN over a packed stream split across the ranks of ``ctx`` (KCP).
 
@@ -70,7 +48,9 @@ def gdn_kcp(
     (FLA layouts). Returns o ``[1, T_r, HV, V]``, equal to the rows of the
     single-rank :func:`chunk_gated_delta_rule` of the whole stream; gradients
     likewise. Every rank of the group must call it (and its backward) together.
-    ``use_qk_l2norm`` is a shortcut for ``options.use_qk_l2norm``.
+    ``use_qk_l2norm`` is a shortcut for ``options.use_qk_l2norm``. ``workspace``
+    (a :class:`WorkspaceKcp` of the same context, shapes, dtype and options)
+    serves both calls; without it each call allocates its own.
 
     Example::
 
@@ -90,16 +70,19 @@ def gdn_kcp(
             f"q holds T = {dims.T} tokens but rank {ctx.rank} of the context holds "
             f"{ctx.n_tokens} (rank_ranges[{ctx.rank}] = {ctx.rank_ranges[ctx.rank]})"
         )
-    if scale is None:
-        scale = dims.K**-0.5
     T = dims.T
-    o = _GdnKcp.apply(
+    index = ctx.index if q.device.type == "cpu" else ctx.device_index
+    call = Call(ctx, options, index, dims.HV, dims.K, dims.V, float(dims.K**-0.5 if scale is None else scale))
+    check_workspace(workspace, call, dims.H_qk, q.dtype)
+    o, _ = GdnFunction.apply(
         q.reshape(T, dims.H_qk, dims.K),
         k.reshape(T, dims.H_qk, dims.K),
         v.reshape(T, dims.HV, dims.V),
         g.reshape(T, dims.HV),
         beta.reshape(T, dims.HV),
-        Boundary(ctx, options),
-        float(scale),
+        None,
+        call,
+        workspace,
+        None,
     )
     return o.view(1, T, dims.HV, dims.V)

@@ -1,32 +1,114 @@
-"""OptionsKcp: every option of a KCP call, in one frozen dataclass (DESIGN.md §4)."""
+"""OptionsKcp: every option of a KCP call, in one frozen dataclass (DESIGN.md §4),
+and the save plan the options imply."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 EXCHANGES = ("a2a", "ring")
+SAVE_MODES = ("light", "full")
+BOUNDARY_MODES = ("saved", "replay")
+GRAPH_MODES = ("off", "replay")
+
+
+def _check_choice(name: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"OptionsKcp.{name} must be one of {choices}, got {value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"OptionsKcp.{name} must be a bool, got {value!r}")
 
 
 @dataclass(frozen=True)
 class OptionsKcp:
     """Options of :func:`gdn_kcp.gdn_kcp` and of the byte queries.
 
-    exchange: ``"a2a"`` (default) sends each owner its head slice of the
-        summaries and gets the start states back: per rank one summary out and
-        one state in, whatever R; ``"ring"`` passes the boundary state from rank
-        to rank along each crossing document (no M on the wire, but the ranks of
-        a long document wait on one another).
-
+    deterministic: bitwise-reproducible outputs and gradients run to run. The
+        torch programs have no atomics and a fixed reduction order, so both
+        values run the same path today; the ``gdn_det_*`` queries give its bytes.
+    save_mode: ``"light"`` keeps no tape (the backward recomputes prep and the
+        tape walk); ``"full"`` keeps the forward tapes (gcum, A, w, v_new, h and
+        the q/k norms) and the backward recomputes nothing.
+    boundary_mode: ``"saved"`` keeps the start state ``S_in`` of the crossing-in
+        fragment (and a middle rank's M) for the backward; ``"replay"`` keeps
+        nothing and the backward re-runs the summary walk and c1/c2.
+    save_transfer: owners keep the M slices they received in c1 for b1, so b1
+        carries no M (a2a only).
+    save_for_backward: ``False`` keeps no saved set at all; the backward replays
+        the forward (prep, summary, c1/c2, tape walk).
+    graph: ``"replay"`` accounts for a CUDA-graph-captured call: no pool is
+        released before the call ends, so every address is fixed.
+    exchange: ``"a2a"`` (owner slices, per rank one summary out and one state
+        in, whatever R) or ``"ring"`` (state passed along each chain; no M on the
+        wire, but the ranks of a long document wait on one another).
     use_qk_l2norm: L2-normalise q and k per token and head inside the kernels.
 
-    Example: ``gdn_kcp(q, k, v, g, beta, ctx, options=OptionsKcp(exchange="ring"))``.
+    Example: ``gdn_kcp(q, k, v, g, beta, ctx, options=OptionsKcp(save_mode="full"))``.
     """
 
+    deterministic: bool = False
+    save_mode: str = "light"
+    boundary_mode: str = "saved"
+    save_transfer: bool = False
+    save_for_backward: bool = True
+    graph: str = "off"
     exchange: str = "a2a"
     use_qk_l2norm: bool = False
 
     def __post_init__(self) -> None:
-        if self.exchange not in EXCHANGES:
-            raise ValueError(f"OptionsKcp.exchange must be one of {EXCHANGES}, got {self.exchange!r}")
-        if not isinstance(self.use_qk_l2norm, bool):
-            raise ValueError(f"OptionsKcp.use_qk_l2norm must be a bool, got {self.use_qk_l2norm!r}")
+        _check_bool("deterministic", self.deterministic)
+        _check_choice("save_mode", self.save_mode, SAVE_MODES)
+        _check_choice("boundary_mode", self.boundary_mode, BOUNDARY_MODES)
+        _check_bool("save_transfer", self.save_transfer)
+        _check_bool("save_for_backward", self.save_for_backward)
+        _check_choice("graph", self.graph, GRAPH_MODES)
+        _check_choice("exchange", self.exchange, EXCHANGES)
+        _check_bool("use_qk_l2norm", self.use_qk_l2norm)
+        if self.save_mode == "full" and not self.save_for_backward:
+            raise ValueError(
+                "save_mode='full' keeps the forward tapes, but save_for_backward=False keeps no saved set"
+            )
+        if self.save_mode == "full" and self.boundary_mode == "replay":
+            raise ValueError(
+                "save_mode='full' keeps the tape h, which already holds the boundary state: "
+                "boundary_mode='replay' has nothing to replay"
+            )
+        if not self.save_for_backward and self.boundary_mode == "saved":
+            raise ValueError(
+                "boundary_mode='saved' keeps S_in for the backward, but save_for_backward=False keeps no "
+                "saved set: use boundary_mode='replay'"
+            )
+        if self.save_transfer and self.exchange == "ring":
+            raise ValueError("save_transfer=True keeps the M slices of c1, but exchange='ring' sends no M")
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """What the forward keeps for the backward, and what the backward re-runs.
+
+    keeps_tapes: the forward tapes are saved (save_mode="full").
+    keeps_s_in: the crossing-in start state is saved (light, saved boundary).
+    keeps_m: a middle rank saves its own M for b1 (a kept boundary without
+        save_transfer). keeps_owner_m: owners save the M slices of c1.
+    replays_boundary: the backward re-runs the summary walk and c1/c2.
+    """
+
+    keeps_tapes: bool
+    keeps_s_in: bool
+    keeps_m: bool
+    keeps_owner_m: bool
+    replays_boundary: bool
+
+
+def save_plan(options: OptionsKcp) -> SavePlan:
+    full = options.save_mode == "full"
+    keeps_boundary = options.save_for_backward and (full or options.boundary_mode == "saved")
+    return SavePlan(
+        keeps_tapes=full,
+        keeps_s_in=keeps_boundary and not full,
+        keeps_m=keeps_boundary and not options.save_transfer,
+        keeps_owner_m=keeps_boundary and options.save_transfer,
+        replays_boundary=not keeps_boundary,
+    )

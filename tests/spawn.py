@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -15,6 +17,11 @@ def _entry(rank: int, R: int, init_file: str, fn, args: tuple) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=R)
     try:
         fn(rank, R, *args)
+    except BaseException:
+        # The first rank to fail is often a peer whose connection closed: print
+        # every rank's own traceback so the root cause shows in the test log.
+        print(f"--- rank {rank} of {R} failed ---\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        raise
     finally:
         dist.destroy_process_group()
 

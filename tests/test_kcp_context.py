@@ -18,7 +18,7 @@ def test_default_split_is_contiguous_and_even():
 
 
 def test_fragment_tables():
-    bounds = [0, 5, 5, 100, 130]  # a zero-length document at 5 makes no fragment
+    bounds = [0, 5, 5, 100, 130, 130]  # zero-length documents at 5 and at T
     ranges = [(0, 40), (40, 40), (40, 90), (90, 130)]
     ctx = context_from_split(bounds, ranges, 2)
     assert ctx.n_tokens == 50 and ctx.n_frag == 1
@@ -29,12 +29,13 @@ def test_fragment_tables():
     assert ctx.chains == ((0, 2, 3),)  # the empty rank 1 holds no fragment
     assert ctx.rank_prev == (-1, -1, 0, 2) and ctx.rank_next == (2, -1, 3, -1)
     first = context_from_split(bounds, ranges, 0)
-    assert first.index.frag_doc.tolist() == [0, 2]
-    assert first.index.frag_start.tolist() == [0, 5] and first.index.frag_len.tolist() == [5, 35]
-    assert first.index.frag_flags.tolist() == [0, CROSSING_OUT]
+    assert first.index.frag_doc.tolist() == [0, 1, 2]
+    assert first.index.frag_start.tolist() == [0, 5, 5] and first.index.frag_len.tolist() == [5, 0, 35]
+    assert first.index.frag_flags.tolist() == [0, 0, CROSSING_OUT]
     last = context_from_split(bounds, ranges, 3)
-    assert last.index.frag_doc.tolist() == [2, 3]
-    assert last.index.frag_flags.tolist() == [CROSSING_IN, 0]
+    assert last.index.frag_doc.tolist() == [2, 3, 4]
+    assert last.index.frag_flags.tolist() == [CROSSING_IN, 0, 0]
+    assert last.index.frag_len.tolist() == [10, 30, 0]
 
 
 def test_documents_ending_on_a_boundary_do_not_cross():

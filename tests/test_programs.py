@@ -8,8 +8,8 @@ import torch
 from gdn_inputs import make_inputs, max_abs, random_bounds
 
 from gdn_kcp import naive_recurrence
-from gdn_kcp.host import host_forward
 from gdn_kcp.kernels import CHUNK_SIZE, ChunkIndex
+from gdn_kcp.kernels import torch as programs
 
 
 def test_chunk_index_layout():
@@ -32,8 +32,14 @@ def test_tape_walk_states_are_prefix_states(l2):
     state0 = torch.randn(N, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     index = ChunkIndex.from_fragments(bounds)
     flat = [x[0] for x in (q, k, v, g, beta)]
-    _, final_state, tapes, _ = host_forward(
-        *flat, index, scale=K**-0.5, use_qk_l2norm=l2, initial_state=state0, n_final_states=N
+    empty = lambda *shape: torch.empty(shape, dtype=torch.float64)  # noqa: E731
+    gcum, A, w, u = empty(T, HV), empty(T, HV, CHUNK_SIZE), empty(T, HV, K), empty(T, HV, V)
+    q_rstd, k_rstd = (empty(T, H_qk), empty(T, H_qk)) if l2 else (None, None)
+    programs.prep(*flat, index, gcum_out=gcum, A_out=A, w_out=w, u_out=u, q_rstd_out=q_rstd, k_rstd_out=k_rstd)
+    h, v_new, final_state = empty(index.n_chunks, HV, K, V), empty(T, HV, V), torch.zeros(N, HV, K, V).double()
+    programs.tape_walk(
+        flat[1], w, u, gcum, index, k_rstd=k_rstd, initial_state=state0, s_in=None,
+        h_out=h, v_new_out=v_new, final_state_out=final_state,
     )
     assert index.max_frag_chunks >= 2  # some document holds several chunks
     for c in range(index.n_chunks):
@@ -44,10 +50,9 @@ def test_tape_walk_states_are_prefix_states(l2):
             *prefix, initial_state=state0[f : f + 1], output_final_state=True, use_qk_l2norm=l2,
             cu_seqlens=torch.tensor([0, end - start]),
         )
-        assert max_abs(tapes.h[c], expected[0]) < 1e-10, c
+        assert max_abs(h[c], expected[0]) < 1e-10, c
     _, expected_final = naive_recurrence(
         q, k, v, g, beta, initial_state=state0, output_final_state=True, use_qk_l2norm=l2,
         cu_seqlens=torch.tensor(bounds),
     )
     assert max_abs(final_state, expected_final) < 1e-10
-    assert tapes.A.shape == (T, HV, CHUNK_SIZE)

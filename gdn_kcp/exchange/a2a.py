@@ -5,8 +5,9 @@ last padded with zeros). In c1 each crossing-out rank sends owner o heads
 ``[o s_owner, (o + 1) s_owner)`` of ``[S_loc | M]``; owner o composes, for its
 heads, every crossing chain in rank order and in c2 sends each crossing-in rank
 its slice of ``S_in``. b1/b2 run the same way backwards with
-``lambda_start = M^T lambda_end + nu``. Every split size comes from
-:func:`gdn_kcp.queries.a2a_split_elements`.
+``lambda_start = M^T lambda_end + nu``. Every buffer is a pool of the call's
+arena (or a saved tensor) sized by the byte queries; the owner composes in place
+in its send pool, so nothing else is allocated.
 """
 
 from __future__ import annotations
@@ -15,109 +16,145 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp.context import KcpContext
+from gdn_kcp.options import OptionsKcp
 from gdn_kcp.queries.comm import a2a_split_elements
 
 from .counting import count
 
 
-def _all_to_all(ctx: KcpContext, name: str, send: torch.Tensor, sends: list[int], recvs: list[int]) -> torch.Tensor:
-    recv = send.new_empty(sum(recvs))
-    dist.all_to_all_single(recv, send, output_split_sizes=recvs, input_split_sizes=sends, group=ctx.group)
+def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs) -> None:
+    dist.all_to_all_single(recv.view(-1), send.view(-1), output_split_sizes=recvs, input_split_sizes=sends,
+                           group=ctx.group)
     count(name, [send], [recv])
-    return recv
 
 
-def _pack_heads(
-    ctx: KcpContext, parts: list[torch.Tensor | None], HV: int, numel: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """``[1, HV, K, *]`` parts side by side on the last dim, padded to ``s_pad``
-    heads with zeros, flat (``numel`` elements; 0 when this rank sends nothing)."""
-    flat = torch.zeros(numel, dtype=dtype, device=device)
-    if numel:
-        width = sum(p.shape[-1] for p in parts)
-        padded = flat.view(ctx.padded_heads(HV), parts[0].shape[2], width)
-        torch.cat([p[0] for p in parts], dim=-1, out=padded[:HV])
-    return flat
+def _pack(ctx: KcpContext, send: torch.Tensor, parts: list[torch.Tensor], HV: int, K: int) -> None:
+    """``[1, HV, K, *]`` parts side by side into ``send`` as ``[s_pad, K, *]``,
+    padded heads zero."""
+    if send.numel() == 0:
+        return
+    padded = send.view(ctx.padded_heads(HV), K, -1)
+    column = 0
+    for part in parts:
+        padded[:HV, :, column : column + part.shape[-1]].copy_(part[0])
+        column += part.shape[-1]
+    padded[HV:].zero_()
 
 
-def _unpack_heads(ctx: KcpContext, recv: torch.Tensor, HV: int, K: int) -> torch.Tensor:
-    """A slice per owner, ``[s_pad, K, V]`` flat -> ``[1, HV, K, V]``."""
-    return recv.view(ctx.padded_heads(HV), K, -1)[None, :HV]
+def _slots(buffer: torch.Tensor, ranks: list[int], s_owner: int, K: int) -> dict[int, torch.Tensor]:
+    """``buffer`` as one ``[s_owner, K, -1]`` slot per rank of ``ranks``, in order."""
+    if not ranks:
+        return {}
+    return dict(zip(ranks, buffer.view(len(ranks), s_owner, K, -1).unbind(0)))
 
 
-def _blocks(recv: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    return list(torch.split(recv, sizes))
+def _blocks(recv: torch.Tensor, sizes: list[int], s_owner: int, K: int) -> dict[int, torch.Tensor]:
+    """The per-rank blocks of an owner's receive buffer, as ``[s_owner, K, -1]``."""
+    out, offset = {}, 0
+    for r, size in enumerate(sizes):
+        if size:
+            out[r] = recv.view(-1)[offset : offset + size].view(s_owner, K, -1)
+        offset += size
+    return out
 
 
-def forward_a2a(
-    ctx: KcpContext,
-    s_loc: torch.Tensor | None,
-    m: torch.Tensor | None,
-    HV: int,
-    K: int,
-    V: int,
-    *,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
-    """c1 and c2. s_loc ``[1, HV, K, V]`` (None without a crossing-out fragment),
-    m ``[1, HV, K, K]`` on a middle rank. Returns this rank's ``S_in``
-    ``[1, HV, K, V]`` (None without a crossing-in fragment) and the M slices
-    this rank received as an owner (``{rank: [s_owner, K, K]}``)."""
-    s_owner = ctx.owner_heads(HV)
+def keep_own_m(buffers, summary: torch.Tensor | None, mid: int, V: int) -> None:
+    """A kept boundary saves a middle rank's own M (``[mid, HV, K, K]``) for b1."""
+    if buffers.keeps("m"):
+        saved = buffers.new_saved("m")
+        if mid:
+            saved.copy_(summary[..., V:])
+
+
+def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, K: int, V: int,
+                options: OptionsKcp):
+    """c1 and c2. ``summary`` ``[1, HV, K, V + mid K]`` is ``[S_loc | M]`` of the
+    crossing-out fragment (None without one). Returns ``(s_in, summary,
+    kept_m)``: ``s_in`` ``[n_in, s_pad, K, V]``, the summary if it stays bound
+    for b1, and the owner's M slices if the backward keeps them."""
+    arena, s_owner, mid = buffers.arena, ctx.owner_heads(HV), ctx.rank_middle[ctx.rank]
+    keep_summary = phase_call == "bwd" and mid and not options.save_transfer
+    arena.phase(f"{phase_call}.phase.c1")
     sends, recvs = a2a_split_elements(ctx, "c1", HV, K, V)
-    send = _pack_heads(ctx, [s_loc] + ([m] if m is not None else []), HV, sum(sends), dtype, device)
-    recv = _all_to_all(ctx, "c1", send, sends, recvs)
-    carry, s_in_of, m_of = None, {}, {}
-    for r, block in enumerate(_blocks(recv, recvs)):
-        if ctx.rank_n_in[r]:
-            s_in_of[r] = carry
-        if ctx.rank_n_out[r]:
-            summary = block.view(s_owner, K, -1)
-            if ctx.rank_middle[r]:
-                m_of[r] = summary[..., V:]
-                carry = m_of[r] @ carry + summary[..., :V]
-            else:
-                carry = summary[..., :V]
+    send = arena.bind("c1_send")
+    keep_own_m(buffers, summary, mid, V)
+    if summary is not None:
+        _pack(ctx, send, [summary], HV, K)
+        if not keep_summary:
+            arena.release("summary")
+            summary = None
+    recv = arena.bind("c1_recv")
+    _all_to_all(ctx, "c1", recv, send, sends, recvs)
+    arena.release("c1_send")
+
+    arena.phase(f"{phase_call}.phase.c2")
     sends, recvs = a2a_split_elements(ctx, "c2", HV, K, V)
-    send = torch.cat([s_in_of[r].reshape(-1) for r in range(ctx.R) if ctx.rank_n_in[r]] or [recv[:0]])
-    recv = _all_to_all(ctx, "c2", send, sends, recvs)
-    return (_unpack_heads(ctx, recv, HV, K) if ctx.n_in else None), m_of
+    c2_send = arena.bind("c2_send")
+    s_in_of = _slots(c2_send, [r for r in range(ctx.R) if ctx.rank_n_in[r]], s_owner, K)
+    blocks = _blocks(recv, a2a_split_elements(ctx, "c1", HV, K, V)[1], s_owner, K)
+    middles = [r for r in range(ctx.R) if ctx.rank_middle[r]]
+    kept_m = None
+    if options.save_transfer and (phase_call == "bwd" or buffers.keeps("owner_m")):
+        kept_m = arena.bind("kept_m") if phase_call == "bwd" else buffers.new_saved("owner_m")
+    for r in range(ctx.R):  # every chain in rank order: S_in(next) = M_r S_in(r) + S_loc(r)
+        if not ctx.rank_n_out[r]:
+            continue
+        target = s_in_of[ctx.rank_next[r]]
+        block = blocks[r]
+        if ctx.rank_middle[r]:
+            torch.matmul(block[..., V:], s_in_of[r], out=target)
+            target.add_(block[..., :V])
+            if kept_m is not None:
+                kept_m[middles.index(r)].copy_(block[..., V:])
+        else:
+            target.copy_(block[..., :V])
+    arena.release("c1_recv")
+    s_in = buffers.take("s_in")
+    _all_to_all(ctx, "c2", s_in, c2_send, sends, recvs)
+    arena.release("c2_send")
+    return s_in, summary, kept_m if phase_call == "bwd" else None
 
 
-def backward_a2a(
-    ctx: KcpContext,
-    nu: torch.Tensor | None,
-    m: torch.Tensor | None,
-    HV: int,
-    K: int,
-    V: int,
-    *,
-    dtype: torch.dtype,
-    device: torch.device,
-    kept_m: dict[int, torch.Tensor] | None = None,
-) -> torch.Tensor | None:
-    """b1 and b2. nu ``[1, HV, K, V]`` (None without a crossing-in fragment); m
-    ``[1, HV, K, K]`` on a middle rank, sent again unless the owners kept the
-    c1 slices (``kept_m``, save_transfer). Returns ``lambda_end`` ``[1, HV, K, V]``
-    of this rank's crossing-out fragment (None without one)."""
-    s_owner = ctx.owner_heads(HV)
-    save_transfer = kept_m is not None
-    sends, recvs = a2a_split_elements(ctx, "b1", HV, K, V, save_transfer=save_transfer)
-    parts = [nu] + ([m] if m is not None and not save_transfer else [])
-    recv = _all_to_all(ctx, "b1", _pack_heads(ctx, parts, HV, sum(sends), dtype, device), sends, recvs)
-    carry, lam_of = None, {}
-    blocks = _blocks(recv, recvs)
-    for r in reversed(range(ctx.R)):
-        if ctx.rank_n_out[r]:
-            lam_of[r] = carry
-        if ctx.rank_n_in[r]:
-            adjoint = blocks[r].view(s_owner, K, -1)
-            carry = adjoint[..., :V]
-            if ctx.rank_middle[r]:
-                m_r = kept_m[r] if save_transfer else adjoint[..., V:]
-                carry = m_r.mT @ lam_of[r] + carry
-    sends, recvs = a2a_split_elements(ctx, "b2", HV, K, V)
-    send = torch.cat([lam_of[r].reshape(-1) for r in range(ctx.R) if ctx.rank_n_out[r]] or [recv[:0]])
-    recv = _all_to_all(ctx, "b2", send, sends, recvs)
-    return _unpack_heads(ctx, recv, HV, K) if ctx.n_out else None
+def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV: int, K: int, V: int,
+                 options: OptionsKcp) -> torch.Tensor:
+    """b1 and b2, after ``nu`` ``[1, HV, K, V]`` (None without a crossing-in
+    fragment) is in its pool. ``m`` is this middle rank's own M ``[1, HV, K, K]``
+    (sent again unless save_transfer); ``kept_m`` the owner's M slices
+    (save_transfer). Returns ``lambda_end`` ``[n_out, s_pad, K, V]``."""
+    arena, s_owner = buffers.arena, ctx.owner_heads(HV)
+    st = options.save_transfer
+    arena.phase("bwd.phase.b1")
+    sends, recvs = a2a_split_elements(ctx, "b1", HV, K, V, save_transfer=st)
+    send = arena.bind("b1_send")
+    if nu is not None:
+        _pack(ctx, send, [nu] + ([m] if ctx.rank_middle[ctx.rank] and not st else []), HV, K)
+        arena.release("nu")
+    if replayed and ctx.rank_middle[ctx.rank] and not st:
+        arena.release("summary")
+    recv = arena.bind("b1_recv")
+    _all_to_all(ctx, "b1", recv, send, sends, recvs)
+    arena.release("b1_send")
+
+    arena.phase("bwd.phase.b2")
+    sends, recvs_b2 = a2a_split_elements(ctx, "b2", HV, K, V)
+    b2_send = arena.bind("b2_send")
+    lam_of = _slots(b2_send, [r for r in range(ctx.R) if ctx.rank_n_out[r]], s_owner, K)
+    blocks = _blocks(recv, recvs, s_owner, K)
+    middles = [r for r in range(ctx.R) if ctx.rank_middle[r]]
+    for r in reversed(range(ctx.R)):  # lambda_end(prev) = M_r^T lambda_end(r) + nu_r
+        if not ctx.rank_n_in[r]:
+            continue
+        target, nu_r = lam_of[ctx.rank_prev[r]], blocks[r][..., :V]
+        if ctx.rank_middle[r]:
+            m_r = kept_m[middles.index(r)] if st else blocks[r][..., V:]
+            torch.matmul(m_r.mT, lam_of[r], out=target)
+            target.add_(nu_r)
+        else:
+            target.copy_(nu_r)
+    arena.release("b1_recv")
+    if st and replayed:
+        arena.release("kept_m")
+    lam = arena.bind("lam")
+    _all_to_all(ctx, "b2", lam, b2_send, sends, recvs_b2)
+    arena.release("b2_send")
+    return lam

@@ -1,5 +1,8 @@
-"""Backward: recompute #1 and #2 (light), local dv, [adjoint summary, b1/b2],
-adjoint walk, the q/k/w/g gradients, the WY backward, gate cumsum and q/k norm."""
+"""Backward: [recompute #1, replay c1/c2, #2], local dv, [adjoint summary, b1/b2],
+adjoint walk, the q/k/w/g gradients, the WY backward, gate cumsum and q/k norm.
+
+The pool order here is what :mod:`gdn_kcp.queries.schedule` models.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from gdn_kcp.exchange import backward_a2a, backward_ring
-from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.kernels import torch as programs
+from gdn_kcp.options import save_plan
 
-from .forward import Boundary, BoundarySaved, ForwardTapes, run_prep, run_tape_walk
+from .forward import Buffers, Call, ForwardTapes, run_forward_exchange, run_prep, run_tape_walk
 
 
 @dataclass
@@ -24,21 +27,22 @@ class Grads:
     d_initial_state: torch.Tensor | None
 
 
-def run_backward_exchange(q, k, do, dv_local, tapes: ForwardTapes, index: ChunkIndex, *, scale: float,
-                          boundary: Boundary, saved: BoundarySaved) -> torch.Tensor | None:
-    """Adjoint summary of the crossing-in fragment, then b1/b2 (or the ring)."""
-    ctx = boundary.ctx
-    HV, K, V = tapes.w.shape[1], tapes.w.shape[2], tapes.u.shape[2]
-    cdt, device = tapes.gcum.dtype, q.device
+def run_backward_exchange(q, k, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
+                          replayed):
+    """Adjoint summary of the crossing-in fragment, then b1/b2 (or the ring).
+    Returns the end adjoint of the crossing-out fragment as it arrived."""
+    ctx, arena = call.ctx, buffers.arena
+    arena.phase("bwd.phase.nu")
     nu = None
     if ctx.n_in:
-        nu = torch.empty(1, HV, K, V, dtype=cdt, device=device)
+        nu = arena.bind("nu")
         programs.adjoint_summary(
-            q, k, tapes.w, tapes.gcum, do, dv_local, index,
-            scale=scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, nu_out=nu,
+            q, k, tapes.w, tapes.gcum, do, dv_local, call.index,
+            scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, nu_out=nu,
         )
-    exchange = backward_ring if boundary.options.exchange == "ring" else backward_a2a
-    return exchange(ctx, nu, saved.m, HV, K, V, dtype=cdt, device=device)
+    exchange = backward_a2a if call.options.exchange == "a2a" else backward_ring
+    return exchange(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
+                    options=call.options)
 
 
 def host_backward(
@@ -47,62 +51,92 @@ def host_backward(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    index: ChunkIndex,
     do: torch.Tensor,
+    call: Call,
+    buffers: Buffers,
+    saved: dict[str, torch.Tensor],
     *,
-    scale: float,
-    use_qk_l2norm: bool,
     initial_state: torch.Tensor | None = None,
     d_final_state: torch.Tensor | None = None,
     n_initial_states: int | None = None,
-    boundary: Boundary | None = None,
-    saved: BoundarySaved | None = None,
 ) -> Grads:
-    """Backward from the saved inputs: dO ``[T, HV, V]``, the final-state gradient
-    ``[N, HV, K, V]`` (or None). Gradients come back in the dtypes of their
-    inputs; the initial-state gradient ``[n_initial_states, HV, K, V]`` in the
-    compute dtype."""
-    saved = saved or BoundarySaved()
-    tapes = run_prep(q, k, v, g, beta, index, use_qk_l2norm=use_qk_l2norm)
-    run_tape_walk(k, tapes, index, initial_state=initial_state, s_in=saved.s_in, final_state_out=None)
-    T, H_qk, K = k.shape
-    HV, V = v.shape[1], v.shape[2]
-    cdt = tapes.gcum.dtype
+    """Backward: dO ``[T, HV, V]``, the final-state gradient ``[N, HV, K, V]``
+    (or None), and what the forward saved. Gradients come back in the dtypes of
+    their inputs; the initial-state gradient ``[n_initial_states, HV, K, V]`` in
+    the compute dtype."""
+    plan = save_plan(call.options)
+    ctx, arena = call.ctx, buffers.arena
+    exchanges = ctx.exchanges
+    replayed = exchanges and plan.replays_boundary
+    summary = kept_m = None
+    if plan.keeps_tapes:
+        tapes = ForwardTapes(
+            gcum=saved["gcum"], A=saved["A"], w=saved["w"], v_new=saved["v_new"],
+            q_rstd=saved.get("q_rstd"), k_rstd=saved.get("k_rstd"), h=saved["h"],
+        )
+    else:
+        arena.phase("bwd.phase.prep")
+        tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
+        s_in = saved.get("s_in")
+        if replayed:
+            s_in, summary, kept_m = run_forward_exchange(k, call, tapes, buffers, phase_call="bwd")
+        arena.phase("bwd.phase.walk")
+        run_tape_walk(k, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None)
+        if replayed and s_in is not None:
+            arena.release("s_in")
 
-    def empty(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=cdt, device=q.device)
-
+    T, HV, K, V = q.shape[0], call.HV, call.K, call.V
     qk_norms = dict(q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd)
-    dv_local = empty(T, HV, V)
-    programs.bwd_local_dv(q, k, tapes.gcum, do, index, scale=scale, dv_out=dv_local, **qk_norms)
-    lam_out = None
-    if boundary is not None and boundary.ctx.exchanges:
-        lam_out = run_backward_exchange(q, k, do, dv_local, tapes, index, scale=scale, boundary=boundary, saved=saved)
+    arena.phase("bwd.phase.local_dv")
+    dv_new = arena.bind("dv_new")  # the local dv until the adjoint walk completes it
+    programs.bwd_local_dv(q, k, tapes.gcum, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms)
+    lam = None
+    if exchanges:
+        own_m = summary[..., V:] if summary is not None else saved.get("m")
+        lam = run_backward_exchange(
+            q, k, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
+            replayed=replayed,
+        )
 
-    dh, dv_new = empty(index.n_chunks, HV, K, V), empty(T, HV, V)
+    arena.phase("bwd.phase.adjoint_walk")
+    dh = arena.bind("dh")
     d_initial_state = None
     if n_initial_states is not None:
-        d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=cdt, device=q.device)
+        d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=tapes.gcum.dtype, device=q.device)
     programs.adjoint_walk(
-        q, k, tapes.w, tapes.gcum, do, dv_local, index,
-        scale=scale, d_final_state=d_final_state, lam_out=lam_out,
+        q, k, tapes.w, tapes.gcum, do, dv_new, call.index,
+        scale=call.scale, d_final_state=d_final_state,
+        lam_out=lam[:, :HV] if lam is not None and ctx.n_out else None,
         dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, **qk_norms,
     )
-    del dv_local
+    if lam is not None:
+        arena.release("lam")
+    buffers.drop("w")
 
-    dq_heads, dk_heads, dw, dgcum = empty(T, HV, K), empty(T, HV, K), empty(T, HV, K), empty(T, HV)
+    arena.phase("bwd.phase.dqkwg")
+    dq_heads, dk_heads, dw, dgcum = (arena.bind(name) for name in ("dq_heads", "dk_heads", "dw", "dgcum"))
     programs.bwd_dqkwg(
-        q, k, tapes.gcum, tapes.h, tapes.v_new, do, dh, dv_new, index,
-        scale=scale, dq_out=dq_heads, dk_out=dk_heads, dw_out=dw, dg_out=dgcum, **qk_norms,
+        q, k, tapes.gcum, tapes.h, tapes.v_new, do, dh, dv_new, call.index,
+        scale=call.scale, dq_out=dq_heads, dk_out=dk_heads, dw_out=dw, dg_out=dgcum, **qk_norms,
     )
-    del dh
+    arena.release("dh")
+    buffers.drop("h", "v_new")
+
+    arena.phase("bwd.phase.wy")
     dv, dbeta = torch.empty_like(v), torch.empty_like(beta)
     programs.bwd_wy(
-        k, v, beta, tapes.gcum, tapes.A, dw, dv_new, index,
+        k, v, beta, tapes.gcum, tapes.A, dw, dv_new, call.index,
         k_rstd=tapes.k_rstd, dk_acc=dk_heads, dv_out=dv, dbeta_out=dbeta, dg_acc=dgcum,
     )
+    arena.release("dw", "dv_new")
+    buffers.drop("A", "gcum")
+
+    arena.phase("bwd.phase.grads")
     dg = torch.empty_like(g)
-    programs.bwd_gate_cumsum(dgcum, index, dg_out=dg)
+    programs.bwd_gate_cumsum(dgcum, call.index, dg_out=dg)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     programs.bwd_qk_norm(dq_heads, dk_heads, q, k, dq_out=dq, dk_out=dk, **qk_norms)
+    arena.release("dgcum", "dq_heads", "dk_heads")
+    buffers.drop(*call.norms)
+    arena.close()
     return Grads(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, d_initial_state=d_initial_state)

@@ -1,4 +1,10 @@
-"""Forward: prep (#1), [summary, exchange c1/c2], tape walk (#2), output (#5)."""
+"""Forward: prep (#1), [summary walk, exchange c1/c2], tape walk (#2), output (#5).
+
+Every buffer comes from the call's arena (a pool named in the layout) or, when
+the save plan keeps it for the backward, is a saved tensor sized by
+``gdn_saved_layout_kcp``. The pool order here is what
+:mod:`gdn_kcp.queries.schedule` models.
+"""
 
 from __future__ import annotations
 
@@ -8,104 +14,118 @@ import torch
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.exchange import forward_a2a, forward_ring
-from gdn_kcp.kernels import CHUNK_SIZE, ChunkIndex
+from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.kernels import torch as programs
-from gdn_kcp.options import OptionsKcp
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp64 inputs run in fp64 (the oracle's precision); all others in fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-@dataclass(frozen=True)
-class Boundary:
-    """A KCP call: the split and the options. Absent on a single rank."""
-
-    ctx: KcpContext
-    options: OptionsKcp
-
-
-@dataclass
-class BoundarySaved:
-    """What the forward keeps of the exchange for the backward: ``s_in``
-    ``[1, HV, K, V]`` (crossing-in rank) and the rank's own ``m`` ``[1, HV, K, K]``
-    (middle rank; b1 sends it again)."""
-
-    s_in: torch.Tensor | None = None
-    m: torch.Tensor | None = None
+from gdn_kcp.options import OptionsKcp, save_plan
+from gdn_kcp.queries.layout import SavedSpec
+from gdn_kcp.workspace import Arena
 
 
 @dataclass
 class ForwardTapes:
     """What the forward programs write and the backward programs read.
 
-    gcum ``[T, HV]``, A ``[T, HV, C]``, w ``[T, HV, K]``, u ``[T, HV, V]``,
-    q_rstd / k_rstd ``[T, H_qk]`` (None without the L2 norm), h ``[NC, HV, K, V]``,
-    v_new ``[T, HV, V]``; all in the compute dtype.
+    gcum ``[T, HV]``, A ``[T, HV, C]`` (None in a forward that keeps no tape),
+    w ``[T, HV, K]``, v_new ``[T, HV, V]`` (holds u until the tape walk),
+    q_rstd / k_rstd ``[T, H_qk]`` (None without the L2 norm), h ``[NC, HV, K, V]``.
     """
 
     gcum: torch.Tensor
-    A: torch.Tensor
+    A: torch.Tensor | None
     w: torch.Tensor
-    u: torch.Tensor
+    v_new: torch.Tensor
     q_rstd: torch.Tensor | None
     k_rstd: torch.Tensor | None
     h: torch.Tensor | None = None
-    v_new: torch.Tensor | None = None
 
 
-def run_prep(q, k, v, g, beta, index: ChunkIndex, *, use_qk_l2norm: bool) -> ForwardTapes:
-    """Program #1 into fresh tapes (h, v_new not yet bound)."""
-    T, H_qk, K = k.shape
-    HV, V = v.shape[1], v.shape[2]
-    cdt = compute_dtype(q.dtype)
+class Buffers:
+    """Hands out each named buffer of a call: a saved tensor when the saved
+    layout names it, else a pool of the arena."""
 
-    def empty(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=cdt, device=q.device)
+    def __init__(
+        self, arena: Arena, saved_layout: dict[str, SavedSpec], device: torch.device, *, saving: bool
+    ) -> None:
+        self.arena, self.saved_layout, self.device, self.saving = arena, saved_layout, device, saving
+        self.saved: dict[str, torch.Tensor] = {}
 
+    def keeps(self, name: str) -> bool:
+        """True when the forward saves ``name`` (in the backward: when it was saved)."""
+        return name in self.saved_layout
+
+    def new_saved(self, name: str) -> torch.Tensor:
+        if not self.saving:
+            raise RuntimeError(f"the backward cannot save {name!r}")
+        spec = self.saved_layout[name]
+        self.saved[name] = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+        return self.saved[name]
+
+    def take(self, name: str) -> torch.Tensor:
+        return self.new_saved(name) if self.keeps(name) else self.arena.bind(name)
+
+    def drop(self, *names: str) -> None:
+        self.arena.release(*(name for name in names if not self.keeps(name)))
+
+
+@dataclass
+class Call:
+    """One call's fixed facts: the rank's context, options, chunk index, heads."""
+
+    ctx: KcpContext
+    options: OptionsKcp
+    index: ChunkIndex
+    HV: int
+    K: int
+    V: int
+    scale: float
+
+    @property
+    def norms(self) -> tuple[str, ...]:
+        return ("q_rstd", "k_rstd") if self.options.use_qk_l2norm else ()
+
+
+def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) -> ForwardTapes:
+    """Program #1 into tapes from ``buffers`` (h is bound later by the walk)."""
+    take = buffers.take
     tapes = ForwardTapes(
-        gcum=empty(T, HV), A=empty(T, HV, CHUNK_SIZE), w=empty(T, HV, K), u=empty(T, HV, V),
-        q_rstd=empty(T, H_qk) if use_qk_l2norm else None,
-        k_rstd=empty(T, H_qk) if use_qk_l2norm else None,
+        gcum=take("gcum"), A=take("A") if with_A else None, w=take("w"), v_new=take("v_new"),
+        q_rstd=take("q_rstd") if call.norms else None, k_rstd=take("k_rstd") if call.norms else None,
     )
     programs.prep(
-        q, k, v, g, beta, index,
-        gcum_out=tapes.gcum, A_out=tapes.A, w_out=tapes.w, u_out=tapes.u,
+        q, k, v, g, beta, call.index,
+        gcum_out=tapes.gcum, A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
         q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd,
     )
     return tapes
 
 
-def run_tape_walk(
-    k, tapes: ForwardTapes, index: ChunkIndex, *, initial_state, s_in, final_state_out
-) -> None:
-    """Program #2: binds and fills ``tapes.h`` and ``tapes.v_new``."""
-    HV, K, V = tapes.w.shape[1], tapes.w.shape[2], tapes.u.shape[2]
-    tapes.h = torch.empty(index.n_chunks, HV, K, V, dtype=tapes.gcum.dtype, device=k.device)
-    tapes.v_new = torch.empty_like(tapes.u)
+def run_tape_walk(k, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out):
+    """Program #2: binds h; rewrites the u in ``tapes.v_new`` as v_new."""
+    tapes.h = buffers.take("h")
     programs.tape_walk(
-        k, tapes.w, tapes.u, tapes.gcum, index,
-        k_rstd=tapes.k_rstd, initial_state=initial_state, s_in=s_in,
+        k, tapes.w, tapes.v_new, tapes.gcum, call.index,
+        k_rstd=tapes.k_rstd, initial_state=initial_state,
+        s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
         h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
     )
 
 
-def run_forward_exchange(k, tapes: ForwardTapes, index: ChunkIndex, boundary: Boundary) -> BoundarySaved:
-    """Summary walk of the crossing-out fragment, then c1/c2 (or the ring)."""
-    ctx = boundary.ctx
-    HV, K, V = tapes.w.shape[1], tapes.w.shape[2], tapes.u.shape[2]
-    cdt, device = tapes.gcum.dtype, k.device
-    s_loc = m = None
+def run_forward_exchange(k, call: Call, tapes: ForwardTapes, buffers: Buffers, *, phase_call: str):
+    """Summary walk of the crossing-out fragment, then c1/c2 (or the ring).
+    Returns ``(s_in, summary, kept_m)``: the arrived start state, the summary
+    still bound when a replayed backward needs its M for b1, and the owner's
+    kept M slices (save_transfer)."""
+    ctx, HV, K, V = call.ctx, call.HV, call.K, call.V
+    buffers.arena.phase(f"{phase_call}.phase.summary")
+    summary = None
     if ctx.n_out:
-        s_loc = torch.empty(1, HV, K, V, dtype=cdt, device=device)
-        m = torch.empty(1, HV, K, K, dtype=cdt, device=device) if ctx.rank_middle[ctx.rank] else None
-        programs.summary_walk(k, tapes.w, tapes.u, tapes.gcum, index, k_rstd=tapes.k_rstd, s_loc_out=s_loc, m_out=m)
-    if boundary.options.exchange == "ring":
-        s_in = forward_ring(ctx, s_loc, m, HV, K, V, dtype=cdt, device=device)
-    else:
-        s_in, _ = forward_a2a(ctx, s_loc, m, HV, K, V, dtype=cdt, device=device)
-    return BoundarySaved(s_in=s_in, m=m)
+        summary = buffers.arena.bind("summary")
+        programs.summary_walk(
+            k, tapes.w, tapes.v_new, tapes.gcum, call.index, k_rstd=tapes.k_rstd,
+            s_loc_out=summary[..., :V], m_out=summary[..., V:] if ctx.rank_middle[ctx.rank] else None,
+        )
+    exchange = forward_a2a if call.options.exchange == "a2a" else forward_ring
+    return exchange(ctx, buffers, summary, phase_call=phase_call, HV=HV, K=K, V=V, options=call.options)
 
 
 def host_forward(
@@ -114,30 +134,37 @@ def host_forward(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    index: ChunkIndex,
+    call: Call,
+    buffers: Buffers,
     *,
-    scale: float,
-    use_qk_l2norm: bool,
     initial_state: torch.Tensor | None = None,
     n_final_states: int | None = None,
-    boundary: Boundary | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, ForwardTapes, BoundarySaved]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward on token-layout tensors (q, k ``[T, H_qk, K]``, v ``[T, HV, V]``,
-    g, beta ``[T, HV]``). Returns o ``[T, HV, V]`` (q's dtype), the final states
-    ``[n_final_states, HV, K, V]`` (compute dtype) when ``n_final_states`` is
-    given, the tapes, and what the exchange leaves for the backward."""
-    tapes = run_prep(q, k, v, g, beta, index, use_qk_l2norm=use_qk_l2norm)
-    saved = BoundarySaved()
-    if boundary is not None and boundary.ctx.exchanges:
-        saved = run_forward_exchange(k, tapes, index, boundary)
+    g, beta ``[T, HV]``). Returns o ``[T, HV, V]`` (q's dtype) and the final
+    states ``[n_final_states, HV, K, V]`` (compute dtype) when asked; the saved
+    tensors are left in ``buffers.saved``."""
+    keeps_tapes = save_plan(call.options).keeps_tapes
+    arena = buffers.arena
+    arena.phase("fwd.phase.prep")
+    tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=keeps_tapes)
+    s_in = None
+    if call.ctx.exchanges:
+        s_in, _, _ = run_forward_exchange(k, call, tapes, buffers, phase_call="fwd")
+    arena.phase("fwd.phase.walk")
     final_state = None
     if n_final_states is not None:
-        HV, K, V = v.shape[1], k.shape[2], v.shape[2]
-        final_state = torch.zeros(n_final_states, HV, K, V, dtype=tapes.gcum.dtype, device=q.device)
-    run_tape_walk(k, tapes, index, initial_state=initial_state, s_in=saved.s_in, final_state_out=final_state)
+        final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=tapes.gcum.dtype, device=q.device)
+    run_tape_walk(k, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=final_state)
+    if s_in is not None:
+        buffers.drop("s_in")
+    buffers.drop("w")
+    arena.phase("fwd.phase.output")
     o = torch.empty_like(v, dtype=q.dtype)
     programs.output(
-        q, k, tapes.gcum, tapes.h, tapes.v_new, index,
-        scale=scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o,
+        q, k, tapes.gcum, tapes.h, tapes.v_new, call.index,
+        scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o,
     )
-    return o, final_state, tapes, saved
+    buffers.drop("gcum", "v_new", "h", *call.norms)
+    arena.close()
+    return o, final_state

@@ -22,7 +22,7 @@ def prep(
     index: ChunkIndex,
     *,
     gcum_out: torch.Tensor,
-    A_out: torch.Tensor,
+    A_out: torch.Tensor | None,
     w_out: torch.Tensor,
     u_out: torch.Tensor,
     q_rstd_out: torch.Tensor | None = None,
@@ -31,7 +31,8 @@ def prep(
     """Fill the prep tapes.
 
     q, k: ``[T, H_qk, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``.
-    Writes gcum_out ``[T, HV]``, A_out ``[T, HV, C]`` (row i of its chunk's A),
+    Writes gcum_out ``[T, HV]``, A_out ``[T, HV, C]`` (row i of its chunk's A;
+    None when no backward reads it),
     w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, all in the compute dtype
     (``gcum_out.dtype``). With ``q_rstd_out`` / ``k_rstd_out`` (``[T, H_qk]``)
     given, q and k are L2-normalised and their reciprocal norms written there.
@@ -51,6 +52,7 @@ def prep(
     eye = torch.eye(strict.shape[-1], dtype=cdt, device=strict.device)
     A = torch.linalg.solve_triangular(strict + eye, eye.expand_as(strict), upper=False, unitriangular=True)
     from_chunks(G, rows, gcum_out)
-    from_chunks(A, rows, A_out)
+    if A_out is not None:
+        from_chunks(A, rows, A_out)
     from_chunks(A @ ((bc * torch.exp(G))[..., None] * kc), rows, w_out)
     from_chunks(A @ (bc[..., None] * to_chunks(v, rows, cdt)), rows, u_out)

@@ -1,0 +1,267 @@
+"""Workspace and saved-set layouts: bytes per pool, per phase and per call.
+
+A call's figure is its largest phase: the most bytes bound at once. Pools are
+placed in one arena at fixed offsets (aligned to ``ALIGN`` bytes) so that pools
+bound at the same time never overlap and the arena is exactly the call's
+figure; the host path binds every pool at its offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+import torch
+
+from gdn_kcp.context import KcpContext
+from gdn_kcp.options import OptionsKcp
+
+from .schedule import backward_events, forward_events
+from .shapes import Dims, compute_dtype, numel, pool_shapes, saved_shapes
+
+ALIGN = 256
+"""Pool offsets are multiples of 256 bytes: every pool starts on a boundary
+that vector loads and the Hopper bulk-copy engine (16 B) accept."""
+
+
+def align(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool: its tensor ``shape`` / ``dtype``, its ``nbytes`` in the arena
+    (the tensor's bytes rounded up to ALIGN) and its ``offset``."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """One call (``"fwd"`` or ``"bwd"``): its pools, the peak bytes bound in
+    each named phase, and its figure ``bytes`` (the largest phase)."""
+
+    call: str
+    pools: Mapping[str, PoolSpec]
+    phases: Mapping[str, int]
+    bytes: int
+    events: tuple[tuple[str, str], ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class WorkspaceLayout:
+    """Both calls; ``bytes`` is what a caller-held workspace needs (the larger
+    call). ``pool_bytes`` gives each pool's bytes (the larger of its two calls)."""
+
+    fwd: CallLayout
+    bwd: CallLayout
+    bytes: int
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return {**self.fwd.phases, **self.bwd.phases}
+
+    @property
+    def pool_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for call in (self.fwd, self.bwd):
+            for name, spec in call.pools.items():
+                out[name] = max(out.get(name, 0), spec.nbytes)
+        return out
+
+
+def phase_peaks(events, sizes: Mapping[str, int], graph: bool) -> dict[str, int]:
+    """Peak bytes bound in each phase of an event list (shared by the query and
+    the recording workspace). Under graph replay nothing is released."""
+    live, phase, bound, peaks = 0, None, {}, {}
+    for kind, name in events:
+        if kind == "phase":
+            phase = name
+            peaks[phase] = live
+        elif kind == "bind":
+            if name in bound:
+                raise RuntimeError(f"pool {name!r} bound twice")
+            bound[name] = sizes[name]
+            live += sizes[name]
+            peaks[phase] = max(peaks[phase], live)
+        elif not graph:
+            live -= bound.pop(name)
+    return peaks
+
+
+def _lifetimes(events, graph: bool) -> dict[str, tuple[int, int]]:
+    open_at, spans = {}, {}
+    for i, (kind, name) in enumerate(events):
+        if kind == "bind":
+            open_at[name] = i
+        elif kind == "release" and not graph:
+            spans[name] = (open_at.pop(name), i)
+    for name, start in open_at.items():
+        spans[name] = (start, len(events))
+    return spans
+
+
+def _first_fit(order, spans, sizes, placed: dict[str, int]) -> int:
+    """Place ``order`` at the lowest offset free of every placed pool that is
+    bound at the same time; return the extent."""
+    for name in order:
+        start, end = spans[name]
+        busy = sorted(
+            (placed[o], placed[o] + sizes[o]) for o in placed if spans[o][0] < end and start < spans[o][1]
+        )
+        offset = 0
+        for lo, hi in busy:
+            if offset + sizes[name] <= lo:
+                break
+            offset = max(offset, hi)
+        placed[name] = offset
+    return max((placed[n] + sizes[n] for n in placed), default=0)
+
+
+def place_pools(events, sizes: Mapping[str, int], graph: bool, target: int) -> dict[str, int]:
+    """Offsets for every bound pool with no overlap between pools bound at the
+    same time. First fit in a few orders; the first that reaches ``target``
+    (the largest phase, a lower bound) wins, else the smallest extent."""
+    spans = _lifetimes(events, graph)
+    names = [n for n in spans if sizes[n] > 0]
+    orders = [
+        sorted(names, key=lambda n: (spans[n][0], -sizes[n])),
+        sorted(names, key=lambda n: (-sizes[n], spans[n][0])),
+        sorted(names, key=lambda n: (-(spans[n][1] - spans[n][0]), -sizes[n])),
+        sorted(names, key=lambda n: (-spans[n][1], -sizes[n])),
+    ]
+    best: dict[str, int] | None = None
+    best_extent = None
+    for order in orders:
+        placed: dict[str, int] = {}
+        extent = _first_fit(order, spans, sizes, placed)
+        if best_extent is None or extent < best_extent:
+            best, best_extent = placed, extent
+        if extent <= target:
+            break
+    offsets = dict(best or {})
+    offsets.update({n: 0 for n in spans if sizes[n] == 0})
+    return offsets
+
+
+def _call_layout(call: str, events, d: Dims) -> CallLayout:
+    shapes = pool_shapes(d)
+    element = torch.empty((), dtype=d.dtype).element_size()
+    bound = {name for kind, name in events if kind == "bind"}
+    sizes = {name: align(numel(shapes[name]) * element) for name in bound}
+    graph = d.options.graph == "replay"
+    phases = phase_peaks(events, sizes, graph)
+    figure = max(phases.values(), default=0)
+    offsets = place_pools(events, sizes, graph, figure)
+    extent = max((offsets[n] + sizes[n] for n in bound), default=0)
+    pools = {
+        name: PoolSpec(shape=shapes[name], dtype=d.dtype, nbytes=sizes[name], offset=offsets[name]) for name in bound
+    }
+    return CallLayout(
+        call=call, pools=MappingProxyType(pools), phases=MappingProxyType(phases), bytes=max(figure, extent),
+        events=tuple(events),
+    )
+
+
+def _dims(ctx, H_qk, HV, K, V, dtype, options) -> Dims:
+    if not isinstance(ctx, KcpContext):
+        raise TypeError(f"ctx must be a KcpContext, got {type(ctx).__name__}")
+    for name, value in (("H_qk", H_qk), ("HV", HV), ("K", K), ("V", V)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if HV % H_qk:
+        raise ValueError(f"HV = {HV} must be a multiple of H_qk = {H_qk}")
+    if options is not None and not isinstance(options, OptionsKcp):
+        raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
+    return Dims(ctx, H_qk, HV, K, V, compute_dtype(dtype), options or OptionsKcp())
+
+
+def gdn_workspace_layout_kcp(
+    ctx: KcpContext,
+    H_qk: int,
+    HV: int,
+    K: int,
+    V: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    options: OptionsKcp | None = None,
+) -> WorkspaceLayout:
+    """Bytes per pool and per phase of one forward and one backward on this rank.
+
+    ``dtype`` is the input dtype (pools hold the compute dtype: fp32, or fp64
+    for fp64 inputs). Example::
+
+        layout = gdn_workspace_layout_kcp(ctx, 16, 48, 128, 128, dtype=torch.bfloat16)
+        layout.fwd.phases["fwd.phase.walk"], layout.bwd.bytes, layout.bytes
+    """
+    d = _dims(ctx, H_qk, HV, K, V, dtype, options)
+    fwd = _call_layout("fwd", forward_events(d), d)
+    bwd = _call_layout("bwd", backward_events(d), d)
+    return WorkspaceLayout(fwd=fwd, bwd=bwd, bytes=max(fwd.bytes, bwd.bytes))
+
+
+def gdn_workspace_bytes_kcp(
+    ctx: KcpContext,
+    H_qk: int,
+    HV: int,
+    K: int,
+    V: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    options: OptionsKcp | None = None,
+    call: str | None = None,
+) -> int:
+    """Bytes of a workspace for the forward and backward (``call=None``), or for
+    one of them (``call="fwd"`` / ``"bwd"``): the largest phase."""
+    layout = gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
+    if call is None:
+        return layout.bytes
+    if call not in ("fwd", "bwd"):
+        raise ValueError(f"call must be None, 'fwd' or 'bwd', got {call!r}")
+    return getattr(layout, call).bytes
+
+
+@dataclass(frozen=True)
+class SavedSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+
+
+def gdn_saved_layout_kcp(
+    ctx: KcpContext,
+    H_qk: int,
+    HV: int,
+    K: int,
+    V: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    options: OptionsKcp | None = None,
+) -> dict[str, SavedSpec]:
+    """Every tensor the forward keeps for the backward besides its inputs:
+    name -> shape, dtype, bytes (exact, no alignment)."""
+    d = _dims(ctx, H_qk, HV, K, V, dtype, options)
+    element = torch.empty((), dtype=d.dtype).element_size()
+    return {
+        name: SavedSpec(shape=shape, dtype=d.dtype, nbytes=numel(shape) * element)
+        for name, shape in saved_shapes(d).items()
+    }
+
+
+def gdn_saved_bytes_kcp(
+    ctx: KcpContext,
+    H_qk: int,
+    HV: int,
+    K: int,
+    V: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    options: OptionsKcp | None = None,
+) -> int:
+    """Total bytes of :func:`gdn_saved_layout_kcp`."""
+    saved = gdn_saved_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
+    return sum(spec.nbytes for spec in saved.values())

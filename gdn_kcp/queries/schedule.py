@@ -1,0 +1,159 @@
+"""The modelled pool schedule of one forward and one backward: which pool each
+call binds and releases, in order, at which named phase.
+
+This is the query's model of the host path (``gdn_kcp/host``); the arena tests
+run the real host path under a recording workspace and require the two to give
+the same bytes at every phase, call and pool, at tolerance 0.
+"""
+
+from __future__ import annotations
+
+from gdn_kcp.options import save_plan
+
+from .shapes import Dims
+
+
+class Events(list):
+    """``("phase" | "bind" | "release", name)`` in call order."""
+
+    def phase(self, name: str) -> None:
+        self.append(("phase", name))
+
+    def bind(self, *names: str) -> None:
+        self.extend(("bind", name) for name in names)
+
+    def release(self, *names: str) -> None:
+        self.extend(("release", name) for name in names)
+
+
+def _norms(d: Dims) -> tuple[str, ...]:
+    return ("q_rstd", "k_rstd") if d.options.use_qk_l2norm else ()
+
+
+def _s_in_is_pool(d: Dims, call: str) -> bool:
+    return not (call == "fwd" and save_plan(d.options).keeps_s_in)
+
+
+def _forward_exchange(ev: Events, d: Dims, call: str) -> None:
+    """Summary walk and c1/c2 (ring: c1 only); ``call`` is "fwd", or "bwd" when
+    the backward replays the boundary."""
+    keep_m_for_b1 = call == "bwd" and d.mid and not d.options.save_transfer
+    ev.phase(f"{call}.phase.summary")
+    if d.n_out:
+        ev.bind("summary")
+    ev.phase(f"{call}.phase.c1")
+    if d.a2a:
+        ev.bind("c1_send")
+        if d.n_out and not keep_m_for_b1:
+            ev.release("summary")
+        ev.bind("c1_recv")
+        ev.release("c1_send")
+        ev.phase(f"{call}.phase.c2")
+        ev.bind("c2_send")
+        if call == "bwd" and d.options.save_transfer:
+            ev.bind("kept_m")
+        ev.release("c1_recv")
+        if _s_in_is_pool(d, call):
+            ev.bind("s_in")
+        ev.release("c2_send")
+    else:
+        if d.n_in and _s_in_is_pool(d, call):
+            ev.bind("s_in")
+        if d.mid:
+            ev.bind("ring_send")
+            ev.release("ring_send")
+        if d.n_out and not keep_m_for_b1:
+            ev.release("summary")
+
+
+def _backward_exchange(ev: Events, d: Dims) -> None:
+    """Adjoint summary and b1/b2 (ring: b1 only)."""
+    held_summary = save_plan(d.options).replays_boundary and d.mid and not d.options.save_transfer
+    ev.phase("bwd.phase.nu")
+    if d.n_in:
+        ev.bind("nu")
+    ev.phase("bwd.phase.b1")
+    if d.a2a:
+        ev.bind("b1_send")
+        if d.n_in:
+            ev.release("nu")
+        if held_summary:
+            ev.release("summary")
+        ev.bind("b1_recv")
+        ev.release("b1_send")
+        ev.phase("bwd.phase.b2")
+        ev.bind("b2_send")
+        ev.release("b1_recv")
+        if save_plan(d.options).replays_boundary and d.options.save_transfer:
+            ev.release("kept_m")
+        ev.bind("lam")
+        ev.release("b2_send")
+    else:
+        if d.n_out:
+            ev.bind("lam")
+        if d.mid:
+            ev.bind("ring_send")
+            ev.release("ring_send")
+        if d.n_in:
+            ev.release("nu")
+        if held_summary:
+            ev.release("summary")
+
+
+def forward_events(d: Dims) -> Events:
+    ev = Events()
+    keeps_tapes = save_plan(d.options).keeps_tapes
+    ev.phase("fwd.phase.prep")
+    if not keeps_tapes:
+        ev.bind("gcum", "w", "v_new", *_norms(d))
+    if d.ctx.exchanges:
+        _forward_exchange(ev, d, "fwd")
+    ev.phase("fwd.phase.walk")
+    if not keeps_tapes:
+        ev.bind("h")
+    if d.ctx.exchanges and _s_in_is_pool(d, "fwd") and (d.a2a or d.n_in):
+        ev.release("s_in")
+    if not keeps_tapes:
+        ev.release("w")
+    ev.phase("fwd.phase.output")
+    if not keeps_tapes:
+        ev.release("gcum", "v_new", "h", *_norms(d))
+    return ev
+
+
+def backward_events(d: Dims) -> Events:
+    ev = Events()
+    plan = save_plan(d.options)
+    if not plan.keeps_tapes:
+        ev.phase("bwd.phase.prep")
+        ev.bind("gcum", "A", "w", "v_new", *_norms(d))
+        if d.ctx.exchanges and plan.replays_boundary:
+            _forward_exchange(ev, d, "bwd")
+        ev.phase("bwd.phase.walk")
+        ev.bind("h")
+        if d.ctx.exchanges and plan.replays_boundary and (d.a2a or d.n_in):
+            ev.release("s_in")
+    ev.phase("bwd.phase.local_dv")
+    ev.bind("dv_new")
+    if d.ctx.exchanges:
+        _backward_exchange(ev, d)
+    ev.phase("bwd.phase.adjoint_walk")
+    ev.bind("dh")
+    if d.ctx.exchanges and (d.a2a or d.n_out):
+        ev.release("lam")
+    if not plan.keeps_tapes:
+        ev.release("w")
+    ev.phase("bwd.phase.dqkwg")
+    ev.bind("dq_heads", "dk_heads", "dw", "dgcum")
+    ev.release("dh")
+    if not plan.keeps_tapes:
+        ev.release("h", "v_new")
+    ev.phase("bwd.phase.wy")
+    ev.release("dw", "dv_new")
+    if not plan.keeps_tapes:
+        ev.release("A", "gcum")
+    ev.phase("bwd.phase.grads")
+    ev.release("dgcum", "dq_heads", "dk_heads")
+    if not plan.keeps_tapes:
+        ev.release(*_norms(d))
+    return ev

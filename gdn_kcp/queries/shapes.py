@@ -1,0 +1,140 @@
+"""The shape of every workspace pool and every saved tensor: the single source
+of sizes. Symbols (all per rank, from the context): T tokens, NC chunks,
+C = 64, HV / H_qk heads, K, V head dims, s_owner = ceil(HV / R),
+s_pad = R s_owner, n_in / n_out / mid (crossing flags), n_mid (middle ranks of
+the group); a2a payload sizes from :mod:`gdn_kcp.queries.comm`. Every pool and
+saved tensor is in the compute dtype (fp32; fp64 for fp64 inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gdn_kcp.context import KcpContext
+from gdn_kcp.kernels import CHUNK_SIZE
+from gdn_kcp.options import OptionsKcp, save_plan
+
+from .comm import a2a_split_elements
+
+TAPES = ("gcum", "A", "w", "v_new", "q_rstd", "k_rstd", "h")
+"""The forward tapes; save_mode="full" saves them, "light" recomputes them."""
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp64 inputs run in fp64 (the oracle's precision); all others in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes a layout is a function of."""
+
+    ctx: KcpContext
+    H_qk: int
+    HV: int
+    K: int
+    V: int
+    dtype: torch.dtype  # compute dtype
+    options: OptionsKcp
+
+    @property
+    def T(self) -> int:
+        return self.ctx.n_tokens
+
+    @property
+    def NC(self) -> int:
+        return self.ctx.index.n_chunks
+
+    @property
+    def n_in(self) -> int:
+        return self.ctx.n_in
+
+    @property
+    def n_out(self) -> int:
+        return self.ctx.n_out
+
+    @property
+    def mid(self) -> int:
+        return self.ctx.rank_middle[self.ctx.rank]
+
+    @property
+    def n_mid(self) -> int:
+        return sum(self.ctx.rank_middle)
+
+    @property
+    def a2a(self) -> bool:
+        return self.options.exchange == "a2a"
+
+    @property
+    def state_heads(self) -> int:
+        """Heads of a boundary state as it arrives: padded under a2a."""
+        return self.ctx.padded_heads(self.HV) if self.a2a else self.HV
+
+
+def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
+    """Shape of every pool a call may bind (a call binds a subset)."""
+    T, NC, HV, H_qk, K, V = d.T, d.NC, d.HV, d.H_qk, d.K, d.V
+    shapes = {
+        # tapes: prep (#1) and the tape walk (#2); v_new holds u until the walk
+        "gcum": (T, HV),
+        "A": (T, HV, CHUNK_SIZE),
+        "w": (T, HV, K),
+        "v_new": (T, HV, V),
+        "q_rstd": (T, H_qk),
+        "k_rstd": (T, H_qk),
+        "h": (NC, HV, K, V),
+        # backward scratch; dv_new holds the local dv until the adjoint walk
+        "dv_new": (T, HV, V),
+        "dh": (NC, HV, K, V),
+        "dq_heads": (T, HV, K),
+        "dk_heads": (T, HV, K),
+        "dw": (T, HV, K),
+        "dgcum": (T, HV),
+        # staging: [S_loc | M] of the crossing-out fragment, nu of the crossing-in one
+        "summary": (d.n_out, HV, K, V + d.mid * K),
+        "nu": (d.n_in, HV, K, V),
+        # boundary states as they arrive: S_in (c2 / ring c1) and lambda_end (b2 / ring b1)
+        "s_in": (d.n_in, d.state_heads, K, V),
+        "lam": (d.n_out, d.state_heads, K, V),
+        # ring: a middle rank's folded state / adjoint on its way on
+        "ring_send": (d.mid, HV, K, V),
+        # save_transfer under a replayed boundary: the owner's M slices, c1 to b1
+        "kept_m": (d.n_mid, d.ctx.owner_heads(HV), K, K),
+    }
+    st = d.options.save_transfer
+    for name in ("c1", "c2", "b1", "b2"):
+        sends, recvs = a2a_split_elements(d.ctx, name, HV, K, V, save_transfer=st)
+        shapes[f"{name}_send"] = (sum(sends),)
+        if name in ("c1", "b1"):
+            shapes[f"{name}_recv"] = (sum(recvs),)
+    return shapes
+
+
+def saved_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
+    """Shape of every tensor the forward keeps for the backward (besides its
+    inputs, which the caller holds anyway)."""
+    plan = save_plan(d.options)
+    pools = pool_shapes(d)
+    saved: dict[str, tuple[int, ...]] = {}
+    if plan.keeps_tapes:
+        for name in TAPES:
+            if name in ("q_rstd", "k_rstd") and not d.options.use_qk_l2norm:
+                continue
+            saved[name] = pools[name]
+    if d.ctx.exchanges:
+        if plan.keeps_s_in and (d.a2a or d.n_in):  # a2a always receives c2, if only 0 bytes
+            saved["s_in"] = pools["s_in"]
+        if plan.keeps_m:
+            saved["m"] = (d.mid, d.HV, d.K, d.K)
+        if plan.keeps_owner_m:
+            saved["owner_m"] = pools["kept_m"]
+    return saved
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for size in shape:
+        out *= size
+    return out

@@ -1,0 +1,154 @@
+"""WorkspaceKcp: a caller-held arena of named pools, and the per-call binder.
+
+The host path binds a pool when a program first needs it and releases it after
+its last reader; every pool sits at the offset its layout gives, so one arena of
+``gdn_workspace_bytes_kcp`` bytes serves both calls, step after step. Under
+``graph="replay"`` nothing is released until the call ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from gdn_kcp.context import KcpContext
+from gdn_kcp.options import OptionsKcp
+from gdn_kcp.queries.layout import CallLayout, WorkspaceLayout, gdn_workspace_layout_kcp, phase_peaks
+
+_recorders = threading.local()
+
+
+class WorkspaceRecord:
+    """What a recording workspace saw: every bind and release with its bytes."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, int]] = []  # (call, kind, name, nbytes)
+        self.graph: dict[str, bool] = {}
+
+    def calls(self) -> list[str]:
+        return list(dict.fromkeys(call for call, *_ in self.events))
+
+    def phases(self, call: str) -> dict[str, int]:
+        """Peak bytes bound in each phase of ``call`` (its last run)."""
+        events, sizes = self._call_events(call)
+        return phase_peaks(events, sizes, self.graph[call])
+
+    def peak(self, call: str) -> int:
+        return max(self.phases(call).values(), default=0)
+
+    def pools(self, call: str) -> dict[str, int]:
+        """Bytes of every pool ``call`` bound."""
+        return {name: nbytes for c, kind, name, nbytes in self.events if c == call and kind == "bind"}
+
+    def _call_events(self, call: str):
+        run = [e for e in self.events if e[0] == call]
+        starts = [i for i, e in enumerate(run) if e[1] == "start"]
+        run = run[starts[-1] + 1 :] if starts else run
+        sizes = {name: nbytes for _, kind, name, nbytes in run if kind == "bind"}
+        return [(kind, name) for _, kind, name, _ in run if kind != "end"], sizes
+
+
+@contextlib.contextmanager
+def record_workspace() -> Iterator[WorkspaceRecord]:
+    """Record every bind and release of the calls made inside the block.
+
+    Example::
+
+        with record_workspace() as rec:
+            gdn_kcp(q, k, v, g, beta, ctx).sum().backward()
+        rec.phases("bwd")   # {"bwd.phase.prep": ..., ...}
+    """
+    record = WorkspaceRecord()
+    previous = getattr(_recorders, "record", None)
+    _recorders.record = record
+    try:
+        yield record
+    finally:
+        _recorders.record = previous
+
+
+class Arena:
+    """Binds the pools of one call over a byte storage at the layout's offsets.
+
+    A bind checks that the pool's bytes overlap no pool still bound: a host
+    path that strays from its layout fails loudly instead of corrupting data.
+    """
+
+    def __init__(self, storage: torch.Tensor, layout: CallLayout, *, graph: bool) -> None:
+        if storage.numel() < layout.bytes:
+            raise ValueError(f"workspace holds {storage.numel()} bytes, the {layout.call} call needs {layout.bytes}")
+        self.storage, self.layout, self.graph = storage, layout, graph
+        self.bound: dict[str, tuple[int, int]] = {}
+        self.record: WorkspaceRecord | None = getattr(_recorders, "record", None)
+        self._log("start", "", 0)
+        if self.record is not None:
+            self.record.graph[layout.call] = graph
+
+    def _log(self, kind: str, name: str, nbytes: int) -> None:
+        if self.record is not None:
+            self.record.events.append((self.layout.call, kind, name, nbytes))
+
+    def phase(self, name: str) -> None:
+        self._log("phase", name, 0)
+
+    def bind(self, name: str) -> torch.Tensor:
+        spec = self.layout.pools.get(name)
+        if spec is None:
+            raise RuntimeError(f"the {self.layout.call} layout has no pool {name!r}")
+        lo, hi = spec.offset, spec.offset + spec.nbytes
+        for other, (o_lo, o_hi) in self.bound.items():
+            if lo < o_hi and o_lo < hi and spec.nbytes and o_hi > o_lo:
+                raise RuntimeError(f"pool {name!r} [{lo}, {hi}) overlaps bound pool {other!r} [{o_lo}, {o_hi})")
+        self.bound[name] = (lo, hi)
+        self._log("bind", name, spec.nbytes)
+        numel = 1
+        for size in spec.shape:
+            numel *= size
+        element = torch.empty((), dtype=spec.dtype).element_size()
+        return self.storage[lo : lo + numel * element].view(spec.dtype).view(spec.shape)
+
+    def release(self, *names: str) -> None:
+        for name in names:
+            self._log("release", name, 0)
+            if not self.graph:
+                del self.bound[name]
+
+    def close(self) -> None:
+        """End of the call: everything still bound is free again."""
+        self.bound.clear()
+        self._log("end", "", 0)
+
+
+class WorkspaceKcp:
+    """A caller-held arena for the KCP calls of one (context, shapes, dtype, options).
+
+    ``WorkspaceKcp(ctx, H_qk, HV, K, V, dtype=torch.bfloat16, options=opts)``
+    allocates ``layout.bytes`` (= ``gdn_workspace_bytes_kcp``) once; pass it to
+    every :func:`gdn_kcp.gdn_kcp` call of that layer, forward and backward, step
+    after step. Nothing stays bound between calls, so a step binds exactly what
+    the first one did; with ``graph="replay"`` every pool keeps its address.
+    """
+
+    def __init__(
+        self,
+        ctx: KcpContext,
+        H_qk: int,
+        HV: int,
+        K: int,
+        V: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        options: OptionsKcp | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.options = options or OptionsKcp()
+        self.key = (id(ctx), H_qk, HV, K, V, dtype if dtype == torch.float64 else torch.float32, self.options)
+        self.layout: WorkspaceLayout = gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
+        self.storage = torch.empty(self.layout.bytes, dtype=torch.uint8, device=device)
+        self.nbytes = self.layout.bytes
+
+    def arena(self, call: str) -> Arena:
+        return Arena(self.storage, getattr(self.layout, call), graph=self.options.graph == "replay")
