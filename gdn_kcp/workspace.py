@@ -100,8 +100,10 @@ class Arena:
             raise RuntimeError(f"the {self.layout.call} layout has no pool {name!r}")
         lo, hi = spec.offset, spec.offset + spec.nbytes
         for other, (o_lo, o_hi) in self.bound.items():
-            if lo < o_hi and o_lo < hi and spec.nbytes and o_hi > o_lo:
+            if other != name and lo < o_hi and o_lo < hi and spec.nbytes and o_hi > o_lo:
                 raise RuntimeError(f"pool {name!r} [{lo}, {hi}) overlaps bound pool {other!r} [{o_lo}, {o_hi})")
+        if name in self.bound and not self.graph:
+            raise RuntimeError(f"pool {name!r} is already bound")
         self.bound[name] = (lo, hi)
         self._log("bind", name, spec.nbytes)
         numel = 1

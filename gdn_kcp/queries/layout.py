@@ -76,7 +76,8 @@ class WorkspaceLayout:
 
 def phase_peaks(events, sizes: Mapping[str, int], graph: bool) -> dict[str, int]:
     """Peak bytes bound in each phase of an event list (shared by the query and
-    the recording workspace). Under graph replay nothing is released."""
+    the recording workspace). Under graph replay nothing is released, and a pool
+    bound again (the replayed forward's ring_send, say) is the same bytes."""
     live, phase, bound, peaks = 0, None, {}, {}
     for kind, name in events:
         if kind == "phase":
@@ -84,6 +85,8 @@ def phase_peaks(events, sizes: Mapping[str, int], graph: bool) -> dict[str, int]
             peaks[phase] = live
         elif kind == "bind":
             if name in bound:
+                if graph:
+                    continue
                 raise RuntimeError(f"pool {name!r} bound twice")
             bound[name] = sizes[name]
             live += sizes[name]
@@ -97,7 +100,7 @@ def _lifetimes(events, graph: bool) -> dict[str, tuple[int, int]]:
     open_at, spans = {}, {}
     for i, (kind, name) in enumerate(events):
         if kind == "bind":
-            open_at[name] = i
+            open_at.setdefault(name, i)
         elif kind == "release" and not graph:
             spans[name] = (open_at.pop(name), i)
     for name, start in open_at.items():
@@ -105,10 +108,45 @@ def _lifetimes(events, graph: bool) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def _first_fit(order, spans, sizes, placed: dict[str, int]) -> int:
-    """Place ``order`` at the lowest offset free of every placed pool that is
-    bound at the same time; return the extent."""
-    for name in order:
+def _overlaps(offset: int, size: int, busy: list[tuple[int, int]]) -> bool:
+    return any(offset < hi and lo < offset + size for lo, hi in busy)
+
+
+def _search(names, spans, sizes, target: int, budget: int) -> dict[str, int] | None:
+    """Depth-first placement of ``names`` (in bind order) inside ``target``
+    bytes: each pool tries the bottom, the top, and the edges of the pools it
+    meets. None when no placement is found within ``budget`` tries."""
+    placed: dict[str, int] = {}
+    tries = [0]
+
+    def conflicts(name):
+        start, end = spans[name]
+        return [(placed[o], placed[o] + sizes[o]) for o in placed if spans[o][0] < end and start < spans[o][1]]
+
+    def place(i: int) -> bool:
+        if i == len(names):
+            return True
+        name, size = names[i], sizes[names[i]]
+        busy = conflicts(name)
+        candidates = {0, target - size} | {hi for _, hi in busy} | {lo - size for lo, _ in busy}
+        for offset in sorted(c for c in candidates if 0 <= c <= target - size):
+            tries[0] += 1
+            if tries[0] > budget:
+                return False
+            if not _overlaps(offset, size, busy):
+                placed[name] = offset
+                if place(i + 1):
+                    return True
+                del placed[name]
+        return False
+
+    return dict(placed) if place(0) else None
+
+
+def _first_fit(names, spans, sizes) -> dict[str, int]:
+    """Each pool at the lowest offset free of the pools bound with it."""
+    placed: dict[str, int] = {}
+    for name in names:
         start, end = spans[name]
         busy = sorted(
             (placed[o], placed[o] + sizes[o]) for o in placed if spans[o][0] < end and start < spans[o][1]
@@ -119,31 +157,31 @@ def _first_fit(order, spans, sizes, placed: dict[str, int]) -> int:
                 break
             offset = max(offset, hi)
         placed[name] = offset
-    return max((placed[n] + sizes[n] for n in placed), default=0)
+    return placed
 
 
 def place_pools(events, sizes: Mapping[str, int], graph: bool, target: int) -> dict[str, int]:
     """Offsets for every bound pool with no overlap between pools bound at the
-    same time. First fit in a few orders; the first that reaches ``target``
-    (the largest phase, a lower bound) wins, else the smallest extent."""
+    same time, inside ``target`` bytes (the largest phase, a lower bound) when a
+    bounded search finds such a placement, else first fit in bind order."""
     spans = _lifetimes(events, graph)
     names = [n for n in spans if sizes[n] > 0]
+    span = {n: spans[n][1] - spans[n][0] for n in names}
+    # Big and long-lived pools constrain the most, so they go first; on the
+    # backward of a middle rank this finds the tight placement within ~30
+    # tries where bind order needs over a million.
     orders = [
-        sorted(names, key=lambda n: (spans[n][0], -sizes[n])),
         sorted(names, key=lambda n: (-sizes[n], spans[n][0])),
-        sorted(names, key=lambda n: (-(spans[n][1] - spans[n][0]), -sizes[n])),
-        sorted(names, key=lambda n: (-spans[n][1], -sizes[n])),
+        sorted(names, key=lambda n: (-sizes[n] * span[n], spans[n][0])),
+        sorted(names, key=lambda n: (-span[n], spans[n][0])),
     ]
-    best: dict[str, int] | None = None
-    best_extent = None
+    offsets = None
     for order in orders:
-        placed: dict[str, int] = {}
-        extent = _first_fit(order, spans, sizes, placed)
-        if best_extent is None or extent < best_extent:
-            best, best_extent = placed, extent
-        if extent <= target:
+        offsets = _search(order, spans, sizes, target, budget=20_000)
+        if offsets is not None:
             break
-    offsets = dict(best or {})
+    if offsets is None:
+        offsets = _first_fit(sorted(names, key=lambda n: spans[n][0]), spans, sizes)
     offsets.update({n: 0 for n in spans if sizes[n] == 0})
     return offsets
 

@@ -1,0 +1,95 @@
+"""The arena check: run the real host path under a recording workspace on every
+rank, for every valid option combination, and require the recorded bytes to
+equal the byte queries exactly (tolerance 0)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from gdn_inputs import make_inputs, max_abs, rel_rms
+
+from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp
+from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
+from gdn_kcp.workspace import record_workspace
+
+FIELDS = dict(
+    save_mode=("light", "full"),
+    boundary_mode=("saved", "replay"),
+    save_transfer=(False, True),
+    save_for_backward=(True, False),
+    graph=("off", "replay"),
+    exchange=("a2a", "ring"),
+    use_qk_l2norm=(False, True),
+)
+
+
+def valid_options() -> list[OptionsKcp]:
+    out = []
+    for values in itertools.product(*FIELDS.values()):
+        try:
+            out.append(OptionsKcp(**dict(zip(FIELDS, values))))
+        except ValueError:
+            pass
+    return out
+
+
+# (bounds, ranges) per R: fragments crossing in and out, a document over every
+# rank, an empty rank, zero-length documents.
+PACKINGS = {
+    1: [((0, 0, 70, 70, 200), None)],
+    2: [((0, 50, 190, 250), ((0, 120), (120, 250)))],
+    4: [((0, 3, 3, 300), None), ((0, 40, 200, 230, 330), ((0, 90), (90, 90), (90, 210), (210, 330)))],
+    5: [((0, 20, 150, 151, 400), ((0, 60), (60, 160), (160, 160), (160, 300), (300, 400)))],
+}
+H_QK, HV, K, V = 1, 3, 16, 8
+
+
+def saved_bytes(o: torch.Tensor, inputs: list[torch.Tensor]) -> dict[str, int]:
+    """Bytes of what the autograd node of ``o`` really keeps besides the inputs."""
+    node = o.grad_fn.next_functions[0][0]  # o is a view of the node's output
+    input_storages = {x.untyped_storage().data_ptr() for x in inputs}
+    kept = [t for t in node.saved_tensors if t is not None and t.untyped_storage().data_ptr() not in input_storages]
+    return sum(t.numel() * t.element_size() for t in kept)
+
+
+def check_layout(record, layout, where) -> None:
+    for call in ("fwd", "bwd"):
+        expected = getattr(layout, call)
+        assert record.phases(call) == dict(expected.phases), (where, call, record.phases(call), dict(expected.phases))
+        assert record.peak(call) == expected.bytes, (where, call, record.peak(call), expected.bytes)
+        assert record.pools(call) == {n: s.nbytes for n, s in expected.pools.items()}, (where, call)
+
+
+def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32) -> None:
+    for bounds, ranges in PACKINGS[R]:
+        T = bounds[-1]
+        inputs = make_inputs(T, H_QK, HV, K, V, dtype=dtype, seed=R)
+        cu = torch.tensor(bounds)
+        ctx = build_kcp_context(cu, rank_ranges=ranges and list(ranges))
+        start, end = ctx.rank_ranges[rank]
+        do_all = torch.randn(1, T, HV, V, generator=torch.Generator().manual_seed(3)).to(dtype)
+        do = do_all[:, start:end]
+        for l2 in (False, True):
+            leaves = [x.clone().requires_grad_() for x in inputs]
+            ref_o, _ = chunk_gated_delta_rule(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
+            ref = [ref_o, *torch.autograd.grad((ref_o * do_all).sum(), leaves)]  # every rank's loss
+            ref = [x[:, start:end] for x in ref]
+            for options in valid_options():
+                if options.use_qk_l2norm != l2:
+                    continue
+                where = f"R={R} rank={rank} bounds={bounds} {options}"
+                mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
+                with record_workspace() as record:
+                    o = gdn_kcp(*mine, ctx, options=options)
+                    kept = saved_bytes(o, mine)
+                    grads = torch.autograd.grad((o * do).sum(), mine)
+                layout = gdn_workspace_layout_kcp(ctx, H_QK, HV, K, V, dtype=dtype, options=options)
+                check_layout(record, layout, where)
+                saved = gdn_saved_layout_kcp(ctx, H_QK, HV, K, V, dtype=dtype, options=options)
+                assert kept == sum(s.nbytes for s in saved.values()), (where, kept, saved)
+                for name, ours, expected in zip(("o", "dq", "dk", "dv", "dg", "dbeta"), [o, *grads], ref):
+                    if dtype == torch.float64:
+                        assert max_abs(ours, expected) < 1e-9, (where, name, max_abs(ours, expected))
+                    else:
+                        assert rel_rms(ours, expected) < 1e-4, (where, name, rel_rms(ours, expected))
