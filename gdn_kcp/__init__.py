@@ -8,18 +8,41 @@ from gdn_kcp.context import KcpContext, build_kcp_context
 from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.options import OptionsKcp
-from gdn_kcp.queries import gdn_comm_bytes_kcp
+from gdn_kcp.queries import (
+    gdn_comm_bytes_kcp,
+    gdn_det_comm_bytes_kcp,
+    gdn_det_saved_bytes_kcp,
+    gdn_det_saved_layout_kcp,
+    gdn_det_workspace_bytes_kcp,
+    gdn_det_workspace_layout_kcp,
+    gdn_saved_bytes_kcp,
+    gdn_saved_layout_kcp,
+    gdn_workspace_bytes_kcp,
+    gdn_workspace_layout_kcp,
+)
 from gdn_kcp.reference import naive_recurrence
+from gdn_kcp.workspace import WorkspaceKcp, record_workspace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "KcpContext",
     "OptionsKcp",
+    "WorkspaceKcp",
     "build_kcp_context",
     "chunk_gated_delta_rule",
     "gdn_comm_bytes_kcp",
+    "gdn_det_comm_bytes_kcp",
+    "gdn_det_saved_bytes_kcp",
+    "gdn_det_saved_layout_kcp",
+    "gdn_det_workspace_bytes_kcp",
+    "gdn_det_workspace_layout_kcp",
     "gdn_kcp",
+    "gdn_saved_bytes_kcp",
+    "gdn_saved_layout_kcp",
+    "gdn_workspace_bytes_kcp",
+    "gdn_workspace_layout_kcp",
     "naive_recurrence",
     "record_comm_bytes",
+    "record_workspace",
 ]

@@ -50,6 +50,8 @@ class KcpContext:
     chains: tuple[tuple[int, ...], ...]
     index: ChunkIndex
     device_index: ChunkIndex = field(repr=False)
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Layouts already asked of this context (pure Python values, no tensors)."""
 
     @property
     def n_tokens(self) -> int:

@@ -25,30 +25,38 @@ class WorkspaceRecord:
     """What a recording workspace saw: every bind and release with its bytes."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, str, str, int]] = []  # (call, kind, name, nbytes)
+        self.events: list[tuple[str, str, str, int, int]] = []  # (call, kind, name, nbytes, address)
         self.graph: dict[str, bool] = {}
 
-    def calls(self) -> list[str]:
-        return list(dict.fromkeys(call for call, *_ in self.events))
+    def runs(self, call: str) -> list[list[tuple[str, str, int, int]]]:
+        """Every run of ``call`` ("fwd" / "bwd") in order, as ``(kind, name,
+        nbytes, address)`` events."""
+        out: list[list] = []
+        for c, kind, name, nbytes, address in self.events:
+            if c != call:
+                continue
+            if kind == "start":
+                out.append([])
+            elif kind != "end":
+                out[-1].append((kind, name, nbytes, address))
+        return out
 
-    def phases(self, call: str) -> dict[str, int]:
-        """Peak bytes bound in each phase of ``call`` (its last run)."""
-        events, sizes = self._call_events(call)
-        return phase_peaks(events, sizes, self.graph[call])
+    def phases(self, call: str, run: int = -1) -> dict[str, int]:
+        """Peak bytes bound in each phase of a run of ``call`` (default: the last)."""
+        events = self.runs(call)[run]
+        sizes = {name: nbytes for kind, name, nbytes, _ in events if kind == "bind"}
+        return phase_peaks([(kind, name) for kind, name, _, _ in events], sizes, self.graph[call])
 
-    def peak(self, call: str) -> int:
-        return max(self.phases(call).values(), default=0)
+    def peak(self, call: str, run: int = -1) -> int:
+        return max(self.phases(call, run).values(), default=0)
 
-    def pools(self, call: str) -> dict[str, int]:
-        """Bytes of every pool ``call`` bound."""
-        return {name: nbytes for c, kind, name, nbytes in self.events if c == call and kind == "bind"}
+    def pools(self, call: str, run: int = -1) -> dict[str, int]:
+        """Bytes of every pool a run of ``call`` bound."""
+        return {name: nbytes for kind, name, nbytes, _ in self.runs(call)[run] if kind == "bind"}
 
-    def _call_events(self, call: str):
-        run = [e for e in self.events if e[0] == call]
-        starts = [i for i, e in enumerate(run) if e[1] == "start"]
-        run = run[starts[-1] + 1 :] if starts else run
-        sizes = {name: nbytes for _, kind, name, nbytes in run if kind == "bind"}
-        return [(kind, name) for _, kind, name, _ in run if kind != "end"], sizes
+    def addresses(self, call: str, run: int = -1) -> dict[str, int]:
+        """Address of every pool a run of ``call`` bound."""
+        return {name: address for kind, name, _, address in self.runs(call)[run] if kind == "bind"}
 
 
 @contextlib.contextmanager
@@ -87,9 +95,9 @@ class Arena:
         if self.record is not None:
             self.record.graph[layout.call] = graph
 
-    def _log(self, kind: str, name: str, nbytes: int) -> None:
+    def _log(self, kind: str, name: str, nbytes: int, address: int = 0) -> None:
         if self.record is not None:
-            self.record.events.append((self.layout.call, kind, name, nbytes))
+            self.record.events.append((self.layout.call, kind, name, nbytes, address))
 
     def phase(self, name: str) -> None:
         self._log("phase", name, 0)
@@ -105,7 +113,7 @@ class Arena:
         if name in self.bound and not self.graph:
             raise RuntimeError(f"pool {name!r} is already bound")
         self.bound[name] = (lo, hi)
-        self._log("bind", name, spec.nbytes)
+        self._log("bind", name, spec.nbytes, self.storage.data_ptr() + lo)
         numel = 1
         for size in spec.shape:
             numel *= size

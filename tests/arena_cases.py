@@ -9,7 +9,9 @@ import itertools
 import torch
 from gdn_inputs import make_inputs, max_abs, rel_rms
 
-from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp
+from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_comm_bytes_kcp, gdn_kcp
+from gdn_kcp.exchange import record_comm_bytes
+from gdn_kcp.queries import COLLECTIVES
 from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
 from gdn_kcp.workspace import record_workspace
 
@@ -80,10 +82,13 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32) -> None:
                     continue
                 where = f"R={R} rank={rank} bounds={bounds} {options}"
                 mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
-                with record_workspace() as record:
+                with record_workspace() as record, record_comm_bytes() as comm:
                     o = gdn_kcp(*mine, ctx, options=options)
                     kept = saved_bytes(o, mine)
                     grads = torch.autograd.grad((o * do).sum(), mine)
+                queried = gdn_comm_bytes_kcp(ctx, HV, K, V, dtype=dtype, options=options)
+                for name in COLLECTIVES:
+                    assert comm.get(name, {"send": 0, "recv": 0}) == queried[name], (where, name)
                 layout = gdn_workspace_layout_kcp(ctx, H_QK, HV, K, V, dtype=dtype, options=options)
                 check_layout(record, layout, where)
                 saved = gdn_saved_layout_kcp(ctx, H_QK, HV, K, V, dtype=dtype, options=options)

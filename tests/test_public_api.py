@@ -7,12 +7,23 @@ def test_all_is_pinned():
     assert sorted(gdn_kcp.__all__) == [
         "KcpContext",
         "OptionsKcp",
+        "WorkspaceKcp",
         "build_kcp_context",
         "chunk_gated_delta_rule",
         "gdn_comm_bytes_kcp",
+        "gdn_det_comm_bytes_kcp",
+        "gdn_det_saved_bytes_kcp",
+        "gdn_det_saved_layout_kcp",
+        "gdn_det_workspace_bytes_kcp",
+        "gdn_det_workspace_layout_kcp",
         "gdn_kcp",
+        "gdn_saved_bytes_kcp",
+        "gdn_saved_layout_kcp",
+        "gdn_workspace_bytes_kcp",
+        "gdn_workspace_layout_kcp",
         "naive_recurrence",
         "record_comm_bytes",
+        "record_workspace",
     ]
 
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from gdn_kcp.context import KcpContext
-from gdn_kcp.options import OptionsKcp
+from gdn_kcp.options import OptionsKcp, save_plan
 
 COLLECTIVES = ("c1", "c2", "b1", "b2")
 _TO_OWNERS = {"c1": True, "b1": True, "c2": False, "b2": False}
@@ -88,8 +88,10 @@ def gdn_comm_bytes_kcp(
     collective of one forward and backward: ``{"c1": {"send": .., "recv": ..},
     "c2": .., "b1": .., "b2": ..}``. ``send`` is the size of the tensors it
     sends (its own owner slice included under a2a), ``recv`` of those it
-    receives. ``dtype`` is the input dtype; ``exchange`` is a shortcut for
-    ``options.exchange`` (giving both with different values is an error).
+    receives; a backward that replays the boundary runs c1/c2 a second time
+    and they count twice. ``dtype`` is the input dtype; ``exchange`` is a
+    shortcut for ``options.exchange`` (giving both with different values is an
+    error).
 
     Example: ``gdn_comm_bytes_kcp(ctx, 32, 128, 128)["c1"]["send"]``.
     """
@@ -104,7 +106,14 @@ def gdn_comm_bytes_kcp(
         if options.exchange == "ring":
             send, recv = ring_elements(ctx, name, HV, K, V, rank=rank)
         else:
-            sends, recvs = a2a_split_elements(ctx, name, HV, K, V, rank=rank)
+            sends, recvs = a2a_split_elements(ctx, name, HV, K, V, save_transfer=options.save_transfer, rank=rank)
             send, recv = sum(sends), sum(recvs)
-        out[name] = {"send": send * size, "recv": recv * size}
+        runs = 2 if name in ("c1", "c2") and save_plan(options).replays_boundary else 1
+        out[name] = {"send": runs * send * size, "recv": runs * recv * size}
     return out
+
+
+def gdn_det_comm_bytes_kcp(ctx: KcpContext, HV: int, K: int, V: int, **kwargs) -> dict[str, dict[str, int]]:
+    """:func:`gdn_comm_bytes_kcp` of the deterministic twin (the same exchanges)."""
+    options = replace(kwargs.pop("options", None) or OptionsKcp(), deterministic=True)
+    return gdn_comm_bytes_kcp(ctx, HV, K, V, options=options, **kwargs)

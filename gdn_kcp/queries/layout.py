@@ -8,7 +8,7 @@ figure; the host path binds every pool at its offset.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -49,6 +49,7 @@ class CallLayout:
     pools: Mapping[str, PoolSpec]
     phases: Mapping[str, int]
     bytes: int
+    graph: bool
     events: tuple[tuple[str, str], ...] = field(repr=False)
 
 
@@ -201,7 +202,7 @@ def _call_layout(call: str, events, d: Dims) -> CallLayout:
     }
     return CallLayout(
         call=call, pools=MappingProxyType(pools), phases=MappingProxyType(phases), bytes=max(figure, extent),
-        events=tuple(events),
+        graph=graph, events=tuple(events),
     )
 
 
@@ -237,9 +238,12 @@ def gdn_workspace_layout_kcp(
         layout.fwd.phases["fwd.phase.walk"], layout.bwd.bytes, layout.bytes
     """
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
-    fwd = _call_layout("fwd", forward_events(d), d)
-    bwd = _call_layout("bwd", backward_events(d), d)
-    return WorkspaceLayout(fwd=fwd, bwd=bwd, bytes=max(fwd.bytes, bwd.bytes))
+    key = ("workspace", H_qk, HV, K, V, d.dtype, d.options)
+    if key not in ctx.memo:
+        fwd = _call_layout("fwd", forward_events(d), d)
+        bwd = _call_layout("bwd", backward_events(d), d)
+        ctx.memo[key] = WorkspaceLayout(fwd=fwd, bwd=bwd, bytes=max(fwd.bytes, bwd.bytes))
+    return ctx.memo[key]
 
 
 def gdn_workspace_bytes_kcp(
@@ -303,3 +307,29 @@ def gdn_saved_bytes_kcp(
     """Total bytes of :func:`gdn_saved_layout_kcp`."""
     saved = gdn_saved_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
     return sum(spec.nbytes for spec in saved.values())
+
+
+def _deterministic(options: OptionsKcp | None) -> OptionsKcp:
+    return replace(options or OptionsKcp(), deterministic=True)
+
+
+def gdn_det_workspace_layout_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=None) -> WorkspaceLayout:
+    """:func:`gdn_workspace_layout_kcp` of the deterministic twin
+    (``deterministic=True``). The torch programs reduce in a fixed order without
+    atomics either way, so today the figures are the same."""
+    return gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=_deterministic(options))
+
+
+def gdn_det_workspace_bytes_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=None, call=None) -> int:
+    """:func:`gdn_workspace_bytes_kcp` of the deterministic twin."""
+    return gdn_workspace_bytes_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=_deterministic(options), call=call)
+
+
+def gdn_det_saved_layout_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=None) -> dict[str, SavedSpec]:
+    """:func:`gdn_saved_layout_kcp` of the deterministic twin."""
+    return gdn_saved_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=_deterministic(options))
+
+
+def gdn_det_saved_bytes_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=None) -> int:
+    """:func:`gdn_saved_bytes_kcp` of the deterministic twin."""
+    return gdn_saved_bytes_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=_deterministic(options))

@@ -1,0 +1,111 @@
+"""Layout properties over many contexts and every valid option combination
+(pure queries, no process group): each call's arena is exactly its largest
+phase, pools bound at the same time never share a byte, and the figures follow
+the options."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from arena_cases import valid_options
+
+from gdn_kcp import OptionsKcp, gdn_det_workspace_bytes_kcp, gdn_workspace_bytes_kcp, gdn_workspace_layout_kcp
+from gdn_kcp.context import context_from_split, default_ranges
+from gdn_kcp.queries.layout import ALIGN, _lifetimes
+
+
+def random_split(seed: int):
+    rng = random.Random(seed)
+    R = rng.randint(1, 6)
+    T = rng.randint(R, 700)
+    bounds = sorted({0, T, *(rng.randint(0, T) for _ in range(rng.randint(0, 6)))})
+    if rng.random() < 0.5:
+        bounds.insert(1, 0)  # a zero-length document
+    cuts = sorted(rng.randint(0, T) for _ in range(R - 1))
+    edges = [0, *cuts, T]
+    ranges = [(edges[r], edges[r + 1]) for r in range(R)] if rng.random() < 0.7 else default_ranges(T, R)
+    return bounds, ranges
+
+
+def assert_tight(call) -> None:
+    assert call.bytes == max(call.phases.values(), default=0), call.call
+    spans = _lifetimes(call.events, call.graph)
+    pools = call.pools
+    for a in pools:
+        assert pools[a].offset % ALIGN == 0 and pools[a].offset + pools[a].nbytes <= call.bytes
+        for b in pools:
+            if a < b and pools[a].nbytes and pools[b].nbytes:
+                live_together = spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+                disjoint = pools[a].offset + pools[a].nbytes <= pools[b].offset or \
+                    pools[b].offset + pools[b].nbytes <= pools[a].offset
+                assert disjoint or not live_together, (a, b)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_arena_is_the_largest_phase_and_pools_never_collide(seed):
+    bounds, ranges = random_split(seed)
+    shapes = [(1, 3, 16, 8), (16, 48, 128, 128)][seed % 2]
+    for rank in range(len(ranges)):
+        ctx = context_from_split(bounds, ranges, rank)
+        for options in valid_options():
+            layout = gdn_workspace_layout_kcp(ctx, *shapes, options=options)
+            assert_tight(layout.fwd)
+            assert_tight(layout.bwd)
+            assert layout.bytes == max(layout.fwd.bytes, layout.bwd.bytes)
+
+
+def test_graph_replay_binds_every_pool_at_once():
+    ctx = context_from_split([0, 10, 300], default_ranges(300, 3), 1)
+    layout = gdn_workspace_layout_kcp(ctx, 2, 4, 32, 32, options=OptionsKcp(graph="replay"))
+    for call in (layout.fwd, layout.bwd):
+        assert call.bytes == sum(spec.nbytes for spec in call.pools.values())
+    eager = gdn_workspace_layout_kcp(ctx, 2, 4, 32, 32)
+    assert eager.bwd.bytes < layout.bwd.bytes
+
+
+def test_full_mode_moves_tapes_out_of_the_backward_workspace():
+    ctx = context_from_split([0, 200], default_ranges(200, 1), 0)
+    light = gdn_workspace_layout_kcp(ctx, 1, 2, 64, 64)
+    full = gdn_workspace_layout_kcp(ctx, 1, 2, 64, 64, options=OptionsKcp(save_mode="full"))
+    assert "h" in light.bwd.pools and "h" not in full.bwd.pools
+    assert full.bwd.bytes < light.bwd.bytes and full.fwd.bytes < light.fwd.bytes
+
+
+def test_fp64_doubles_and_det_twin_matches():
+    ctx = context_from_split([0, 130], default_ranges(130, 1), 0)
+    assert gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64, dtype=torch.bfloat16) == gdn_workspace_bytes_kcp(
+        ctx, 1, 2, 64, 64
+    )
+    assert gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64, dtype=torch.float64) > gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64)
+    assert gdn_det_workspace_bytes_kcp(ctx, 1, 2, 64, 64) == gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(save_mode="full", save_for_backward=False), r"save_mode='full' keeps the forward tapes, but save_for_backward=False"),
+        (dict(save_mode="full", boundary_mode="replay"), r"save_mode='full' .* boundary_mode='replay' has nothing"),
+        (dict(save_for_backward=False), r"boundary_mode='saved' keeps S_in .* save_for_backward=False"),
+        (dict(save_transfer=True, exchange="ring"), r"save_transfer=True .* exchange='ring' sends no M"),
+        (dict(graph="cuda"), r"OptionsKcp.graph must be one of \('off', 'replay'\), got 'cuda'"),
+        (dict(save_mode="heavy"), r"OptionsKcp.save_mode must be one of \('light', 'full'\), got 'heavy'"),
+        (dict(deterministic="yes"), r"OptionsKcp.deterministic must be a bool, got 'yes'"),
+    ],
+)
+def test_bad_option_combinations(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        OptionsKcp(**kwargs)
+
+
+def test_query_argument_checks():
+    ctx = context_from_split([0, 130], default_ranges(130, 1), 0)
+    with pytest.raises(ValueError, match=r"HV must be a positive int, got 0"):
+        gdn_workspace_bytes_kcp(ctx, 1, 0, 16, 16)
+    with pytest.raises(ValueError, match=r"HV = 3 must be a multiple of H_qk = 2"):
+        gdn_workspace_bytes_kcp(ctx, 2, 3, 16, 16)
+    with pytest.raises(ValueError, match=r"call must be None, 'fwd' or 'bwd', got 'both'"):
+        gdn_workspace_bytes_kcp(ctx, 1, 2, 16, 16, call="both")
+    with pytest.raises(TypeError, match=r"ctx must be a KcpContext, got list"):
+        gdn_workspace_bytes_kcp([], 1, 2, 16, 16)
