@@ -1,0 +1,113 @@
+"""``python -m gdn_kcp budget``: what every rank will hold, before launching.
+
+For a packing given on the command line (or a seeded random one), prints per
+rank the workspace per phase of the forward and the backward, the saved set,
+and the bytes of every collective, all from the byte queries (no GPU, no
+process group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+
+from gdn_kcp.context import check_ranges, context_from_split, default_ranges
+from gdn_kcp.options import OptionsKcp
+from gdn_kcp.queries import COLLECTIVES, gdn_comm_bytes_kcp, gdn_saved_layout_kcp, gdn_workspace_layout_kcp
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokens", type=int, help="T of the packed stream (default: the sum of --docs)")
+    parser.add_argument("--ranks", type=int, default=1, help="R, ranks of the group")
+    parser.add_argument("--docs", help="document lengths, comma-separated (default: random, see --n-docs)")
+    parser.add_argument("--n-docs", type=int, default=8, help="documents of the random packing")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random packing")
+    parser.add_argument("--rank-tokens", help="tokens per rank, comma-separated (default: even split)")
+    parser.add_argument("--hq", type=int, default=16, help="H_qk, key heads")
+    parser.add_argument("--hv", type=int, default=32, help="HV, value heads")
+    parser.add_argument("--k", type=int, default=128, help="K, key head dim")
+    parser.add_argument("--v", type=int, default=128, help="V, value head dim")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype")
+    parser.add_argument("--save-mode", choices=("light", "full"), default="light")
+    parser.add_argument("--boundary-mode", choices=("saved", "replay"), default="saved")
+    parser.add_argument("--save-transfer", action="store_true")
+    parser.add_argument("--no-save-for-backward", action="store_true")
+    parser.add_argument("--graph", choices=("off", "replay"), default="off")
+    parser.add_argument("--exchange", choices=("a2a", "ring"), default="a2a")
+    parser.add_argument("--l2", action="store_true", help="in-kernel q/k L2 norm")
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if any(x < 0 for x in values):
+        raise ValueError(f"{name} must not be negative, got {text!r}")
+    return values
+
+
+def packing(args: argparse.Namespace) -> list[int]:
+    """Document bounds ``[0, ..., T]`` from --docs, or a seeded random packing of --tokens."""
+    if args.docs is not None:
+        lengths = _ints(args.docs, "--docs")
+        if args.tokens is not None and sum(lengths) != args.tokens:
+            raise ValueError(f"--docs add up to {sum(lengths)} tokens, --tokens says {args.tokens}")
+    else:
+        T = 32768 if args.tokens is None else args.tokens
+        rng = random.Random(args.seed)
+        cuts = sorted(rng.randint(0, T) for _ in range(args.n_docs - 1))
+        lengths = [b - a for a, b in zip([0, *cuts], [*cuts, T])]
+    bounds = [0]
+    for length in lengths:
+        bounds.append(bounds[-1] + length)
+    return bounds
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes:>15,d} B {nbytes / 2**20:10.2f} MiB"
+
+
+def run_budget(args: argparse.Namespace) -> None:
+    bounds = packing(args)
+    T, R = bounds[-1], args.ranks
+    if args.rank_tokens is not None:
+        edges = [0]
+        for length in _ints(args.rank_tokens, "--rank-tokens"):
+            edges.append(edges[-1] + length)
+        ranges = check_ranges([(a, b) for a, b in zip(edges, edges[1:])], T, R)
+    else:
+        ranges = default_ranges(T, R)
+    options = OptionsKcp(
+        save_mode=args.save_mode, boundary_mode=args.boundary_mode, save_transfer=args.save_transfer,
+        save_for_backward=not args.no_save_for_backward, graph=args.graph, exchange=args.exchange,
+        use_qk_l2norm=args.l2,
+    )
+    dtype = DTYPES[args.dtype]
+    shapes = (args.hq, args.hv, args.k, args.v)
+    print(f"budget: T = {T} tokens in {len(bounds) - 1} documents over R = {R} ranks; "
+          f"H_qk = {args.hq}, HV = {args.hv}, K = {args.k}, V = {args.v}, {args.dtype} inputs")
+    print(f"  {options}")
+    for rank in range(R):
+        ctx = context_from_split(bounds, ranges, rank)
+        layout = gdn_workspace_layout_kcp(ctx, *shapes, dtype=dtype, options=options)
+        saved = gdn_saved_layout_kcp(ctx, *shapes, dtype=dtype, options=options)
+        comm = gdn_comm_bytes_kcp(ctx, args.hv, args.k, args.v, dtype=dtype, options=options)
+        start, end = ranges[rank]
+        flags = f"n_in={ctx.n_in} n_out={ctx.n_out} middle={ctx.rank_middle[rank]}"
+        print(f"\nrank {rank}: tokens [{start}, {end}), {ctx.n_frag} fragments, {ctx.index.n_chunks} chunks, {flags}")
+        print(f"  workspace (gdn_workspace_bytes_kcp) {_mib(layout.bytes)}")
+        for call in (layout.fwd, layout.bwd):
+            for phase, nbytes in call.phases.items():
+                mark = "  <- largest" if nbytes == call.bytes else ""
+                print(f"    {phase:<26s}{_mib(nbytes)}{mark}")
+        total = sum(spec.nbytes for spec in saved.values())
+        print(f"  saved for the backward            {_mib(total)}")
+        for name, spec in saved.items():
+            print(f"    {name:<10s} {str(list(spec.shape)):<24s}{_mib(spec.nbytes)}")
+        print("  comm (send / recv B): " + "  ".join(
+            f"{name} {comm[name]['send']:,d} / {comm[name]['recv']:,d}" for name in COLLECTIVES))

@@ -1,0 +1,61 @@
+"""Every row of README.md's byte-query tables agrees with the queries: the
+formula evaluated at the example, the figure printed, and the query's bytes."""
+
+from __future__ import annotations
+
+import pytest
+from arena_cases import valid_options
+from readme_tables import EXAMPLE_DTYPE, EXAMPLE_SHAPES, evaluate, example_context, figure, options_of, table_rows
+
+from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
+
+
+def layout(options):
+    return gdn_workspace_layout_kcp(example_context(), **EXAMPLE_SHAPES, dtype=EXAMPLE_DTYPE, options=options)
+
+
+def saved(options):
+    return gdn_saved_layout_kcp(example_context(), **EXAMPLE_SHAPES, dtype=EXAMPLE_DTYPE, options=options)
+
+
+POOL_ROWS = table_rows("workspace-pools")
+SAVED_ROWS = table_rows("saved-tensors")
+CALL_ROWS = table_rows("call-figures")
+
+
+def test_tables_are_found_and_rows_unique():
+    assert len(POOL_ROWS) >= 25 and len(SAVED_ROWS) >= 10 and len(CALL_ROWS) >= 4
+    for rows in (POOL_ROWS, SAVED_ROWS):
+        keys = [(row[0], row[2] if rows is POOL_ROWS else row[1]) for row in rows]
+        assert len(keys) == len(set(keys)), keys
+
+
+@pytest.mark.parametrize("row", POOL_ROWS, ids=lambda row: f"{row[0]}[{row[2]}]")
+def test_pool_row(row):
+    name, calls, when, formula, printed = row[:5]
+    options = options_of(when)
+    ours = layout(options)
+    assert evaluate(formula, options) == figure(printed) == ours.pool_bytes[name]
+    assert {c.strip() for c in calls.split(",")} == {c.call for c in (ours.fwd, ours.bwd) if name in c.pools}
+
+
+@pytest.mark.parametrize("row", SAVED_ROWS, ids=lambda row: f"{row[0]}[{row[1]}]")
+def test_saved_row(row):
+    name, when, formula, printed = row[:4]
+    options = options_of(when)
+    assert evaluate(formula, options) == figure(printed) == saved(options)[name].nbytes
+
+
+@pytest.mark.parametrize("row", CALL_ROWS, ids=lambda row: row[0])
+def test_call_row(row):
+    ours = layout(options_of(row[0]))
+    assert [figure(x) for x in row[1:4]] == [ours.fwd.bytes, ours.bwd.bytes, ours.bytes]
+
+
+def test_every_pool_and_saved_tensor_has_a_row():
+    pool_names = {row[0] for row in POOL_ROWS}
+    saved_names = {row[0] for row in SAVED_ROWS}
+    for options in valid_options():
+        ours = layout(options)
+        assert set(ours.fwd.pools) | set(ours.bwd.pools) <= pool_names, options
+        assert set(saved(options)) <= saved_names, options
