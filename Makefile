@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu clean
+.PHONY: demo test bench-cpu mutate clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: $(VENV)/.test
 
 bench-cpu: $(VENV)/.base
 	$(PY) benchmarks/cpu_chunk.py
+
+# Not CI: every term of the byte queries mutated in turn must fail a test (tens of minutes).
+mutate: $(VENV)/.test
+	$(PY) tools/mutate_queries.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -13,7 +13,7 @@ from arena_cases import valid_options
 
 from gdn_kcp import OptionsKcp, gdn_det_workspace_bytes_kcp, gdn_workspace_bytes_kcp, gdn_workspace_layout_kcp
 from gdn_kcp.context import context_from_split, default_ranges
-from gdn_kcp.queries.layout import ALIGN, _lifetimes
+from gdn_kcp.queries.layout import _lifetimes
 
 
 def random_split(seed: int):
@@ -34,7 +34,7 @@ def assert_tight(call) -> None:
     spans = _lifetimes(call.events, call.graph)
     pools = call.pools
     for a in pools:
-        assert pools[a].offset % ALIGN == 0 and pools[a].offset + pools[a].nbytes <= call.bytes
+        assert pools[a].offset % 256 == 0 and pools[a].offset + pools[a].nbytes <= call.bytes
         for b in pools:
             if a < b and pools[a].nbytes and pools[b].nbytes:
                 live_together = spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
@@ -109,3 +109,11 @@ def test_query_argument_checks():
         gdn_workspace_bytes_kcp(ctx, 1, 2, 16, 16, call="both")
     with pytest.raises(TypeError, match=r"ctx must be a KcpContext, got list"):
         gdn_workspace_bytes_kcp([], 1, 2, 16, 16)
+
+
+def test_pools_are_rounded_up_to_256_bytes():
+    ctx = context_from_split([0, 5], default_ranges(5, 1), 0)
+    pools = gdn_workspace_layout_kcp(ctx, 1, 3, 16, 8).bwd.pools
+    assert pools["gcum"].shape == (5, 3) and pools["gcum"].nbytes == 256  # 60 bytes of fp32
+    assert pools["w"].shape == (5, 3, 16) and pools["w"].nbytes == 1024  # 960 bytes
+    assert pools["h"].nbytes == 1 * 3 * 16 * 8 * 4  # 1536, already a multiple
