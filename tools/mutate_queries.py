@@ -73,16 +73,22 @@ def _line(path: Path, node: ast.AST) -> str:
     return f"{path.relative_to(ROOT)}:{node.lineno}"
 
 
-def shape_mutants(path: Path, function: str) -> list[Mutant]:
-    """Every shape tuple inside ``function``: doubled (a trailing factor 2)."""
+def shape_mutants(path: Path, function: str, target: str) -> list[Mutant]:
+    """Every shape ``function`` assigns to ``target`` (the values of its
+    ``target = {...}`` dict and its ``target[...] = (...)``): doubled."""
     out = []
     nodes = list(ast.walk(ast.parse(path.read_text())))
-    inside = set()
+    shape_tuples = set()
     for node in nodes:
         if isinstance(node, ast.FunctionDef) and node.name == function:
-            inside = {id(n) for n in ast.walk(node)}
+            for stmt in ast.walk(node):
+                if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]).startswith(target):
+                    if isinstance(stmt.value, ast.Dict):
+                        shape_tuples |= {id(v) for v in stmt.value.values if isinstance(v, ast.Tuple)}
+                    elif isinstance(stmt.value, ast.Tuple):
+                        shape_tuples.add(id(stmt.value))
     for i, node in enumerate(nodes):
-        if id(node) in inside and isinstance(node, ast.Tuple) and isinstance(node.ctx, ast.Load) and node.elts:
+        if id(node) in shape_tuples:
             def apply(tree, n):
                 n.elts.append(ast.Constant(2))
             out.append(Mutant(path, i, f"{_line(path, node)} shape {ast.unparse(node)} doubled", apply))
@@ -159,7 +165,8 @@ def all_mutants() -> list[Mutant]:
     shapes, schedule = QUERIES / "shapes.py", QUERIES / "schedule.py"
     comm, layout = QUERIES / "comm.py", QUERIES / "layout.py"
     return [
-        *shape_mutants(shapes, "pool_shapes"),
+        *shape_mutants(shapes, "pool_shapes", "shapes"),
+        *shape_mutants(shapes, "saved_shapes", "saved"),
         *statement_mutants(shapes, "saved_shapes", "saved"),
         *binop_mutants(shapes, {"pool_shapes", "saved_shapes"}),
         *event_mutants(schedule),
