@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from gdn_kcp.autograd import GdnFunction
 from gdn_kcp.context import context_from_split
-from gdn_kcp.host import Call
+from gdn_kcp.ops import apply_gdn
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_flag, check_gdn_inputs
 
@@ -59,19 +58,13 @@ def chunk_gated_delta_rule(
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     BT = dims.B * dims.T
     ctx = context_from_split(bounds, [(0, BT)], 0, device=q.device)
-    call = Call(
-        ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel), ctx.device_index, dims.HV, dims.K, dims.V,
-        float(dims.K**-0.5 if scale is None else scale),
-    )
-    o, final_state = GdnFunction.apply(
+    o, final_state = apply_gdn(
         q.reshape(BT, dims.H_qk, dims.K),
         k.reshape(BT, dims.H_qk, dims.K),
         v.reshape(BT, dims.HV, dims.V),
         g.reshape(BT, dims.HV),
         beta.reshape(BT, dims.HV),
-        initial_state,
-        call,
-        None,
-        dims.N if output_final_state else None,
+        initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel),
+        float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None,
     )
-    return o.view(dims.B, dims.T, dims.HV, dims.V), final_state
+    return o.view(dims.B, dims.T, dims.HV, dims.V), final_state if output_final_state else None

@@ -50,8 +50,6 @@ class KcpContext:
     chains: tuple[tuple[int, ...], ...]
     index: ChunkIndex
     device_index: ChunkIndex = field(repr=False)
-    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    """Layouts already asked of this context (pure Python values, no tensors)."""
 
     @property
     def n_tokens(self) -> int:
@@ -77,6 +75,18 @@ class KcpContext:
     def exchanges(self) -> bool:
         """True when some document crosses a rank boundary (the collectives run)."""
         return bool(self.chains)
+
+    @property
+    def meta(self) -> list[int]:
+        """Every host fact of this rank's view as ints (the ops take it):
+        ``[R, rank, n_tokens, n_chunks, n_frag, max_frag_chunks, n_docs]``,
+        then the flat rank ranges and, per rank, n_in, n_out, middle, prev, next."""
+        index = self.index
+        head = [self.R, self.rank, index.n_tokens, index.n_chunks, index.n_frag, index.max_frag_chunks, self.n_docs]
+        per_rank = [x for pair in self.rank_ranges for x in pair]
+        for column in (self.rank_n_in, self.rank_n_out, self.rank_middle, self.rank_prev, self.rank_next):
+            per_rank.extend(column)
+        return head + per_rank
 
     def owner_heads(self, HV: int) -> int:
         """``s_owner = ceil(HV / R)``: value heads per owner slice (the last padded)."""
@@ -232,4 +242,35 @@ def context_from_split(
         rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
         rank_prev=tuple(rank_prev), rank_next=tuple(rank_next), chains=chains,
         index=index, device_index=index.to(device),
+    )
+
+
+def context_from_meta(
+    meta: list[int], chunk_table: torch.Tensor, frag_table: torch.Tensor, group_name: str
+) -> KcpContext:
+    """Rebuild a context from what the ops take (:attr:`KcpContext.meta`, the two
+    index tables on the call's device, the group's name). No host sync: the
+    tables are used as they are."""
+    R, rank, n_tokens, n_chunks, n_frag, max_frag_chunks, n_docs = meta[:7]
+    flat = meta[7 : 7 + 2 * R]
+    columns = [tuple(meta[7 + 2 * R + i * R : 7 + 2 * R + (i + 1) * R]) for i in range(5)]
+    rank_n_in, rank_n_out, rank_middle, rank_prev, rank_next = columns
+    chains: list[tuple[int, ...]] = []
+    for r in range(R):
+        if rank_n_out[r] and not rank_middle[r]:  # the document starts here
+            chain = [r, rank_next[r]]
+            while rank_middle[chain[-1]]:
+                chain.append(rank_next[chain[-1]])
+            chains.append(tuple(chain))
+    index = ChunkIndex(chunk_table, frag_table, n_tokens, n_chunks, n_frag, max_frag_chunks)
+    group = None
+    if group_name:  # empty for a single rank, or for a context only asked byte queries
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        group = _resolve_process_group(group_name)
+    return KcpContext(
+        R=R, rank=rank, group=group, group_name=group_name,
+        rank_ranges=tuple((flat[2 * r], flat[2 * r + 1]) for r in range(R)), n_docs=n_docs,
+        rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle, rank_prev=rank_prev,
+        rank_next=rank_next, chains=tuple(chains), index=index, device_index=index,
     )

@@ -6,9 +6,8 @@ from dataclasses import replace
 
 import torch
 
-from gdn_kcp.autograd import GdnFunction, check_workspace
 from gdn_kcp.context import KcpContext
-from gdn_kcp.host import Call
+from gdn_kcp.ops import apply_gdn, check_workspace
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_gdn_inputs
 from gdn_kcp.workspace import WorkspaceKcp
@@ -71,18 +70,13 @@ def gdn_kcp(
             f"{ctx.n_tokens} (rank_ranges[{ctx.rank}] = {ctx.rank_ranges[ctx.rank]})"
         )
     T = dims.T
-    index = ctx.index if q.device.type == "cpu" else ctx.device_index
-    call = Call(ctx, options, index, dims.HV, dims.K, dims.V, float(dims.K**-0.5 if scale is None else scale))
-    check_workspace(workspace, call, dims.H_qk, q.dtype)
-    o, _ = GdnFunction.apply(
+    check_workspace(workspace, ctx, dims.H_qk, dims.HV, dims.K, dims.V, q.dtype, options)
+    o, _ = apply_gdn(
         q.reshape(T, dims.H_qk, dims.K),
         k.reshape(T, dims.H_qk, dims.K),
         v.reshape(T, dims.HV, dims.V),
         g.reshape(T, dims.HV),
         beta.reshape(T, dims.HV),
-        None,
-        call,
-        workspace,
-        None,
+        None, ctx, options, float(dims.K**-0.5 if scale is None else scale), 0, workspace,
     )
     return o.view(1, T, dims.HV, dims.V)

@@ -3,7 +3,7 @@ and the save plan the options imply."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 EXCHANGES = ("a2a", "ring")
 SAVE_MODES = ("light", "full")
@@ -112,3 +112,17 @@ def save_plan(options: OptionsKcp) -> SavePlan:
         keeps_owner_m=keeps_boundary and options.save_transfer,
         replays_boundary=not keeps_boundary,
     )
+
+
+def options_to_str(options: OptionsKcp) -> str:
+    """``"deterministic=False;save_mode=light;..."``: how the ops take options."""
+    return ";".join(f"{f.name}={getattr(options, f.name)}" for f in fields(OptionsKcp))
+
+
+def options_from_str(text: str) -> OptionsKcp:
+    """The inverse of :func:`options_to_str`."""
+    values: dict[str, object] = {}
+    for item in text.split(";"):
+        name, _, value = item.partition("=")
+        values[name] = {"True": True, "False": False}.get(value, value)
+    return OptionsKcp(**values)

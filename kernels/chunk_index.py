@@ -21,33 +21,40 @@ CROSSING_IN = 1
 CROSSING_OUT = 2
 """Fragment flag: the document continues on a later rank."""
 
+CHUNK_ROWS = ("chunk_start", "chunk_len", "chunk_frag")
+FRAG_ROWS = ("frag_start", "frag_len", "frag_first_chunk", "frag_n_chunks", "frag_doc", "frag_flags")
+
 
 @dataclass(frozen=True)
 class ChunkIndex:
-    """Per-chunk and per-fragment tables (int32 tensors) plus shape facts.
+    """Two int32 tables plus shape facts.
 
-    Per chunk ``[n_chunks]``: ``chunk_start`` (first token, rank-local),
-    ``chunk_len`` (tokens, 1..C), ``chunk_frag`` (fragment id).
-    Per fragment ``[n_frag]``: ``frag_start`` (first token), ``frag_len``,
+    ``chunk_table`` ``[3, n_chunks]``, one row each: ``chunk_start`` (first
+    token, rank-local), ``chunk_len`` (tokens, 1..C), ``chunk_frag`` (fragment).
+    ``frag_table`` ``[6, n_frag]``: ``frag_start`` (first token), ``frag_len``,
     ``frag_first_chunk``, ``frag_n_chunks``, ``frag_doc`` (document id, the row
     of initial / final states), ``frag_flags`` (``CROSSING_IN | CROSSING_OUT``).
-    Ints: ``n_tokens``, ``n_chunks``, ``n_frag``, ``max_frag_chunks`` (the
-    number of steps of a state walk).
+    Each row is a property (a view). Ints: ``n_tokens``, ``n_chunks``,
+    ``n_frag``, ``max_frag_chunks`` (the number of steps of a state walk).
+    The two tables are what the ops take.
     """
 
-    chunk_start: torch.Tensor
-    chunk_len: torch.Tensor
-    chunk_frag: torch.Tensor
-    frag_start: torch.Tensor
-    frag_len: torch.Tensor
-    frag_first_chunk: torch.Tensor
-    frag_n_chunks: torch.Tensor
-    frag_doc: torch.Tensor
-    frag_flags: torch.Tensor
+    chunk_table: torch.Tensor
+    frag_table: torch.Tensor
     n_tokens: int
     n_chunks: int
     n_frag: int
     max_frag_chunks: int
+
+    chunk_start = property(lambda self: self.chunk_table[0])
+    chunk_len = property(lambda self: self.chunk_table[1])
+    chunk_frag = property(lambda self: self.chunk_table[2])
+    frag_start = property(lambda self: self.frag_table[0])
+    frag_len = property(lambda self: self.frag_table[1])
+    frag_first_chunk = property(lambda self: self.frag_table[2])
+    frag_n_chunks = property(lambda self: self.frag_table[3])
+    frag_doc = property(lambda self: self.frag_table[4])
+    frag_flags = property(lambda self: self.frag_table[5])
 
     @staticmethod
     def from_fragments(
@@ -66,42 +73,31 @@ class ChunkIndex:
         n_frag = len(frag_bounds) - 1
         lengths = [frag_bounds[i + 1] - frag_bounds[i] for i in range(n_frag)]
         n_chunks_per = [-(-length // CHUNK_SIZE) for length in lengths]
-        chunk_start, chunk_len, chunk_frag, first = [], [], [], []
+        chunks: list[tuple[int, int, int]] = []
+        first = []
         for f, (start, length, count) in enumerate(zip(frag_bounds, lengths, n_chunks_per)):
-            first.append(len(chunk_start))
-            for c in range(count):
-                chunk_start.append(start + c * CHUNK_SIZE)
-                chunk_len.append(min(CHUNK_SIZE, length - c * CHUNK_SIZE))
-                chunk_frag.append(f)
-        if frag_doc is None:
-            frag_doc = list(range(n_frag))
-        if frag_flags is None:
-            frag_flags = [0] * n_frag
-
-        def i32(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=device)
-
+            first.append(len(chunks))
+            chunks.extend(
+                (start + c * CHUNK_SIZE, min(CHUNK_SIZE, length - c * CHUNK_SIZE), f) for c in range(count)
+            )
+        frag_rows = [
+            frag_bounds[:-1], lengths, first, n_chunks_per,
+            list(range(n_frag)) if frag_doc is None else frag_doc,
+            [0] * n_frag if frag_flags is None else frag_flags,
+        ]
         return ChunkIndex(
-            chunk_start=i32(chunk_start),
-            chunk_len=i32(chunk_len),
-            chunk_frag=i32(chunk_frag),
-            frag_start=i32(frag_bounds[:-1]),
-            frag_len=i32(lengths),
-            frag_first_chunk=i32(first),
-            frag_n_chunks=i32(n_chunks_per),
-            frag_doc=i32(frag_doc),
-            frag_flags=i32(frag_flags),
+            chunk_table=torch.tensor([list(row) for row in zip(*chunks)] if chunks else [[], [], []],
+                                     dtype=torch.int32, device=device).view(3, len(chunks)),
+            frag_table=torch.tensor(frag_rows, dtype=torch.int32, device=device).view(6, n_frag),
             n_tokens=frag_bounds[-1] if frag_bounds else 0,
-            n_chunks=len(chunk_start),
+            n_chunks=len(chunks),
             n_frag=n_frag,
             max_frag_chunks=max(n_chunks_per, default=0),
         )
 
     def to(self, device: torch.device | str) -> "ChunkIndex":
-        """The same index with its tensors on ``device``."""
-        fields = {
-            name: getattr(self, name).to(device) if isinstance(getattr(self, name), torch.Tensor)
-            else getattr(self, name)
-            for name in self.__dataclass_fields__
-        }
-        return ChunkIndex(**fields)
+        """The same index with its tables on ``device``."""
+        return ChunkIndex(
+            self.chunk_table.to(device), self.frag_table.to(device),
+            self.n_tokens, self.n_chunks, self.n_frag, self.max_frag_chunks,
+        )

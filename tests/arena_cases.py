@@ -47,10 +47,12 @@ PACKINGS = {
 H_QK, HV, K, V = 1, 3, 16, 8
 
 
-def saved_bytes(o: torch.Tensor, inputs: list[torch.Tensor]) -> dict[str, int]:
-    """Bytes of what the autograd node of ``o`` really keeps besides the inputs."""
+def saved_bytes(o: torch.Tensor, inputs: list[torch.Tensor], ctx) -> int:
+    """Bytes of what the autograd node of ``o`` really keeps besides the inputs
+    and the context's index tables (which the caller holds anyway)."""
     node = o.grad_fn.next_functions[0][0]  # o is a view of the node's output
-    input_storages = {x.untyped_storage().data_ptr() for x in inputs}
+    held = [*inputs, ctx.index.chunk_table, ctx.index.frag_table]
+    input_storages = {x.untyped_storage().data_ptr() for x in held}
     kept = [t for t in node.saved_tensors if t is not None and t.untyped_storage().data_ptr() not in input_storages]
     return sum(t.numel() * t.element_size() for t in kept)
 
@@ -58,6 +60,8 @@ def saved_bytes(o: torch.Tensor, inputs: list[torch.Tensor]) -> dict[str, int]:
 def check_layout(record, layout, where) -> None:
     for call in ("fwd", "bwd"):
         expected = getattr(layout, call)
+        recorded = [(kind, name) for kind, name, _, _ in record.runs(call)[-1]]
+        assert recorded == list(expected.events), (where, call, recorded, expected.events)
         assert record.phases(call) == dict(expected.phases), (where, call, record.phases(call), dict(expected.phases))
         assert record.peak(call) == expected.bytes, (where, call, record.peak(call), expected.bytes)
         assert record.pools(call) == {n: s.nbytes for n, s in expected.pools.items()}, (where, call)
@@ -84,7 +88,7 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32) -> None:
                 mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
                 with record_workspace() as record, record_comm_bytes() as comm:
                     o = gdn_kcp(*mine, ctx, options=options)
-                    kept = saved_bytes(o, mine)
+                    kept = saved_bytes(o, mine, ctx)
                     grads = torch.autograd.grad((o * do).sum(), mine)
                 queried = gdn_comm_bytes_kcp(ctx, HV, K, V, dtype=dtype, options=options)
                 for name in COLLECTIVES:

@@ -190,13 +190,16 @@ def run_tests(timeout: int) -> tuple[bool, str]:
 
 
 def copy_checkout(into: Path) -> None:
-    """The tracked files of the checkout, as they are in the working tree. Run
-    from the copy, ``import gdn_kcp`` finds the copy's package first."""
+    """The tracked files of the checkout, as they are in the working tree, with
+    ``kernels/`` also placed at ``gdn_kcp/kernels`` (its installed name). Run
+    from the copy, ``import gdn_kcp`` finds the copy's package first, so edits
+    to the checkout during a run do not reach it."""
     files = subprocess.run(["git", "ls-files"], cwd=CHECKOUT, capture_output=True, text=True, check=True)
     for name in files.stdout.splitlines():
         if (CHECKOUT / name).is_file():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(CHECKOUT / name, into / name)
+    shutil.copytree(into / "kernels", into / "gdn_kcp" / "kernels")
 
 
 def main() -> int:

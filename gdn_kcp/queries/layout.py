@@ -219,6 +219,11 @@ def _dims(ctx, H_qk, HV, K, V, dtype, options) -> Dims:
     return Dims(ctx, H_qk, HV, K, V, compute_dtype(dtype), options or OptionsKcp())
 
 
+_LAYOUTS: dict[tuple, WorkspaceLayout] = {}
+"""Layouts already computed, keyed by the context's host facts, shapes, compute
+dtype and options: pure Python values, no tensors."""
+
+
 def gdn_workspace_layout_kcp(
     ctx: KcpContext,
     H_qk: int,
@@ -238,12 +243,16 @@ def gdn_workspace_layout_kcp(
         layout.fwd.phases["fwd.phase.walk"], layout.bwd.bytes, layout.bytes
     """
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
-    key = ("workspace", H_qk, HV, K, V, d.dtype, d.options)
-    if key not in ctx.memo:
+    key = (tuple(ctx.meta), H_qk, HV, K, V, d.dtype, d.options)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
         fwd = _call_layout("fwd", forward_events(d), d)
         bwd = _call_layout("bwd", backward_events(d), d)
-        ctx.memo[key] = WorkspaceLayout(fwd=fwd, bwd=bwd, bytes=max(fwd.bytes, bwd.bytes))
-    return ctx.memo[key]
+        layout = WorkspaceLayout(fwd=fwd, bwd=bwd, bytes=max(fwd.bytes, bwd.bytes))
+        if len(_LAYOUTS) >= 1024:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layout
+    return layout
 
 
 def gdn_workspace_bytes_kcp(

@@ -21,6 +21,10 @@ from .comm import a2a_split_elements
 TAPES = ("gcum", "A", "w", "v_new", "q_rstd", "k_rstd", "h")
 """The forward tapes; save_mode="full" saves them, "light" recomputes them."""
 
+SAVED_NAMES = (*TAPES, "s_in", "m", "owner_m")
+"""Every tensor a forward may save, in the order the forward op returns them
+(the ones an option set does not save come back empty)."""
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp64 inputs run in fp64 (the oracle's precision); all others in fp32."""

@@ -1,0 +1,92 @@
+"""The autograd layer over ``gdn_kcp::fwd`` / ``gdn_kcp::bwd``.
+
+It allocates each call's workspace with ``torch.empty`` of the queried bytes in
+traced code (so Inductor plans it and FakeTensor tracing sees it), unless the
+caller holds a :class:`WorkspaceKcp`, and saves exactly what the forward op
+returns for the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_kcp.context import KcpContext, context_from_meta
+from gdn_kcp.options import OptionsKcp, options_from_str, options_to_str
+from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
+from gdn_kcp.queries.shapes import compute_dtype
+from gdn_kcp.workspace import WorkspaceKcp
+
+from . import library  # noqa: F401  (registers the ops)
+
+
+@torch.compiler.assume_constant_result
+def workspace_nbytes(meta: tuple, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype, options: str,
+                     call: str) -> int:
+    """``gdn_workspace_bytes_kcp(..., call=call)`` from what the ops take: a
+    constant of the traced graph."""
+    ctx = context_from_meta(list(meta), None, None, "")
+    return gdn_workspace_bytes_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options_from_str(options), call=call)
+
+
+def check_workspace(workspace: object, ctx: KcpContext, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype,
+                    options: OptionsKcp) -> None:
+    if workspace is None:
+        return
+    if not isinstance(workspace, WorkspaceKcp):
+        raise TypeError(f"workspace must be a WorkspaceKcp or None, got {type(workspace).__name__}")
+    wanted = (id(ctx), H_qk, HV, K, V, compute_dtype(dtype), options)
+    if workspace.key != wanted:
+        names = ("ctx", "H_qk", "HV", "K", "V", "compute dtype", "options")
+        diffs = [f"{n}: {a!r} vs {b!r}" for n, a, b in zip(names, workspace.key, wanted) if a != b]
+        raise ValueError(f"workspace was made for another call ({'; '.join(diffs)})")
+
+
+class GdnFunction(torch.autograd.Function):
+    """Forward and backward ops; the backward is explicit (no autograd through
+    the forward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta: tuple,
+                group_name: str, options: str, scale: float, n_final_states: int):
+        shapes = (q.shape[1], v.shape[1], q.shape[2], v.shape[2])
+        if workspace is None:
+            nbytes = workspace_nbytes(meta, *shapes, q.dtype, options, "fwd")
+            fwd_workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        else:
+            fwd_workspace = workspace
+        o, final_state, *saved = torch.ops.gdn_kcp.fwd(
+            q, k, v, g, beta, initial_state, fwd_workspace, chunk_table, frag_table, list(meta), group_name,
+            options, scale, n_final_states,
+        )
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, chunk_table, frag_table, *saved)
+        ctx.args = (meta, group_name, options, scale, n_final_states)
+        ctx.workspace = workspace
+        ctx.mark_non_differentiable(*([] if n_final_states else [final_state]))
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do, d_final_state):
+        q, k, v, g, beta, initial_state, chunk_table, frag_table, *saved = ctx.saved_tensors
+        meta, group_name, options, scale, n_final_states = ctx.args
+        workspace = ctx.workspace
+        if workspace is None:
+            nbytes = workspace_nbytes(meta, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, options, "bwd")
+            workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
+        dq, dk, dv, dg, dbeta, d_initial = torch.ops.gdn_kcp.bwd(
+            do.contiguous(), d_final_state if n_final_states else None, q, k, v, g, beta, initial_state, saved,
+            workspace, chunk_table, frag_table, list(meta), group_name, options, scale, needs_d_initial,
+        )
+        return (dq, dk, dv, dg, dbeta, d_initial if needs_d_initial else None,
+                None, None, None, None, None, None, None, None)
+
+
+def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
+              n_final_states: int, workspace: WorkspaceKcp | None):
+    """Run the ops on token-layout tensors for rank ``ctx.rank``: ``(o, final_state)``."""
+    index = ctx.index if q.device.type == "cpu" else ctx.device_index
+    return GdnFunction.apply(
+        q, k, v, g, beta, initial_state, None if workspace is None else workspace.storage,
+        index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options_to_str(options), scale,
+        n_final_states,
+    )

@@ -1,0 +1,88 @@
+"""``gdn_kcp::fwd`` and ``gdn_kcp::bwd``: opaque torch.library custom ops.
+
+Each takes the workspace as a mutated argument (uint8, at least the call's
+figure), the context as its two int32 index tables plus ``meta`` ints
+(:attr:`KcpContext.meta`), the process group by name, and the options as a
+string. The kernels run the host path; the CPU kernel over the torch programs.
+The CUDA registration runs the same host path today; the Triton programs plug
+in there. Fake kernels live in :mod:`gdn_kcp.fake`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from gdn_kcp.context import context_from_meta
+from gdn_kcp.host import Buffers, Call, host_backward, host_forward
+from gdn_kcp.options import options_from_str
+from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
+from gdn_kcp.queries.shapes import SAVED_NAMES, compute_dtype
+from gdn_kcp.workspace import Arena
+
+DEVICES = ("cpu", "cuda")
+
+
+def op_call(q: Tensor, v: Tensor, chunk_table, frag_table, meta, group_name, options, scale) -> Call:
+    ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
+    return Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale)
+
+
+def op_arena(call: Call, H_qk: int, dtype: torch.dtype, workspace: Tensor, which: str) -> Arena:
+    layout = gdn_workspace_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=dtype, options=call.options)
+    return Arena(workspace, getattr(layout, which), graph=call.options.graph == "replay")
+
+
+@torch.library.custom_op("gdn_kcp::fwd", mutates_args=("workspace",), device_types=DEVICES)
+def fwd(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor], workspace: Tensor,
+    chunk_table: Tensor, frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float,
+    n_final_states: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One rank's forward. q, k ``[T, H_qk, K]``; v ``[T, HV, V]``; g, beta
+    ``[T, HV]``; initial_state ``[N, HV, K, V]`` or None. Returns o
+    ``[T, HV, V]``, the final states ``[n_final_states, HV, K, V]`` and one
+    tensor per name of ``SAVED_NAMES`` (empty when the options keep none)."""
+    call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale)
+    H_qk = q.shape[1]
+    saved_layout = gdn_saved_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=q.dtype, options=call.options)
+    buffers = Buffers(op_arena(call, H_qk, q.dtype, workspace, "fwd"), saved_layout, q.device, saving=True)
+    o, final_state = host_forward(
+        q, k, v, g, beta, call, buffers, initial_state=initial_state, n_final_states=n_final_states or None
+    )
+    if set(buffers.saved) != set(saved_layout):
+        raise RuntimeError(f"the forward saved {sorted(buffers.saved)}, its layout names {sorted(saved_layout)}")
+    cdt = compute_dtype(q.dtype)
+    saved = tuple(buffers.saved[name] if name in saved_layout else q.new_empty(0, dtype=cdt) for name in SAVED_NAMES)
+    if final_state is None:
+        final_state = q.new_empty(0, call.HV, call.K, call.V, dtype=cdt)
+    return (o, final_state, *saved)
+
+
+@torch.library.custom_op("gdn_kcp::bwd", mutates_args=("workspace",), device_types=DEVICES)
+def bwd(
+    do: Tensor, d_final_state: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+    initial_state: Optional[Tensor], saved: list[Tensor], workspace: Tensor, chunk_table: Tensor,
+    frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float, needs_d_initial: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One rank's backward: ``(dq, dk, dv, dg, dbeta, d_initial_state)``, the
+    last empty unless ``needs_d_initial``. ``saved`` is what :func:`fwd`
+    returned after o and the final states, in ``SAVED_NAMES`` order."""
+    call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale)
+    H_qk = q.shape[1]
+    saved_layout = gdn_saved_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=q.dtype, options=call.options)
+    buffers = Buffers(op_arena(call, H_qk, q.dtype, workspace, "bwd"), saved_layout, q.device, saving=False)
+    kept = {name: tensor for name, tensor in zip(SAVED_NAMES, saved) if name in saved_layout}
+    grads = host_backward(
+        q, k, v, g, beta, do, call, buffers, kept,
+        initial_state=initial_state, d_final_state=d_final_state,
+        n_initial_states=initial_state.shape[0] if initial_state is not None and needs_d_initial else None,
+    )
+    d_initial = grads.d_initial_state
+    if d_initial is None:
+        d_initial = q.new_empty(0, dtype=compute_dtype(q.dtype))
+    else:
+        d_initial = d_initial.to(initial_state.dtype)
+    return grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, d_initial
