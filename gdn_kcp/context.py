@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from gdn_kcp.validate import check_cu_seqlens
+from gdn_kcp.validate import check_bounds, check_cu_seqlens
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +169,9 @@ def build_kcp_context(
     device: torch.device | str | None = None,
 ) -> KcpContext:
     """Split the packed stream of ``cu_seqlens_global`` (``[N + 1]``, int32/int64,
-    the same on every rank) across the ranks of ``group``.
+    or a list of ints; the same on every rank) across the ranks of ``group``.
+    A list needs no read of tensor data, so it also works under FakeTensorMode
+    (the index tables are then fake tensors).
 
     Default split: contiguous and as equal as possible. ``rank_ranges`` gives any
     contiguous split covering ``[0, T)`` (uneven, empty ranks allowed), the same
@@ -181,10 +183,16 @@ def build_kcp_context(
 
         ctx = build_kcp_context(torch.tensor([0, 700, 1000, 4096]), rank_ranges=[(0, 1000), (1000, 4096)])
     """
-    if not isinstance(cu_seqlens_global, torch.Tensor):
-        raise TypeError(f"cu_seqlens_global must be a torch.Tensor [N + 1], got {type(cu_seqlens_global).__name__}")
-    T = int(cu_seqlens_global[-1]) if cu_seqlens_global.numel() else 0
-    bounds = check_cu_seqlens(cu_seqlens_global, T)
+    if isinstance(cu_seqlens_global, (list, tuple)):
+        bounds = check_bounds("cu_seqlens_global", cu_seqlens_global, None)
+        T = bounds[-1]
+    elif isinstance(cu_seqlens_global, torch.Tensor):
+        T = int(cu_seqlens_global[-1]) if cu_seqlens_global.numel() else 0
+        bounds = check_cu_seqlens(cu_seqlens_global, T)
+    else:
+        raise TypeError(
+            f"cu_seqlens_global must be a torch.Tensor or a list of ints [N + 1], got {type(cu_seqlens_global).__name__}"
+        )
     if dist.is_available() and dist.is_initialized():
         R, rank = dist.get_world_size(group), dist.get_rank(group)
         group_name = (group if group is not None else dist.group.WORLD).group_name

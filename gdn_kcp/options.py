@@ -3,7 +3,7 @@ and the save plan the options imply."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 EXCHANGES = ("a2a", "ring")
 SAVE_MODES = ("light", "full")
@@ -82,6 +82,8 @@ class OptionsKcp:
             )
         if self.save_transfer and self.exchange == "ring":
             raise ValueError("save_transfer=True keeps the M slices of c1, but exchange='ring' sends no M")
+        # What the ops take, computed once: torch.compile then reads a constant.
+        object.__setattr__(self, "op_arg", options_to_str(self))
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,15 @@ def save_plan(options: OptionsKcp) -> SavePlan:
     )
 
 
+OPTION_NAMES = (
+    "deterministic", "save_mode", "boundary_mode", "save_transfer", "save_for_backward", "graph", "exchange",
+    "use_qk_l2norm",
+)
+
+
 def options_to_str(options: OptionsKcp) -> str:
     """``"deterministic=False;save_mode=light;..."``: how the ops take options."""
-    return ";".join(f"{f.name}={getattr(options, f.name)}" for f in fields(OptionsKcp))
+    return ";".join(name + "=" + str(getattr(options, name)) for name in OPTION_NAMES)
 
 
 def options_from_str(text: str) -> OptionsKcp:

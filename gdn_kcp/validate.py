@@ -56,18 +56,25 @@ def check_cu_seqlens(cu_seqlens: object, T: int) -> list[int]:
     check_tensor("cu_seqlens", cu_seqlens, 1, "[N + 1]")
     if cu_seqlens.dtype not in INDEX_DTYPES:
         raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
-    bounds = [int(x) for x in cu_seqlens.tolist()]
+    return check_bounds("cu_seqlens", cu_seqlens.tolist(), T)
+
+
+def check_bounds(name: str, values: object, T: int | None) -> list[int]:
+    """Document bounds ``[0, ..., T]``: start at 0, non-decreasing, end at ``T``
+    (when given)."""
+    if any(isinstance(x, bool) or not isinstance(x, int) for x in values):
+        raise TypeError(f"{name} must hold ints, got {list(values)[:4]}")
+    bounds = [int(x) for x in values]
     if not bounds or bounds[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {bounds[:4]}")
+        raise ValueError(f"{name} must start at 0, got {bounds[:4]}")
     drops = [i for i in range(len(bounds) - 1) if bounds[i + 1] < bounds[i]]
     if drops:
         i = drops[0]
         raise ValueError(
-            f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}] = {bounds[i]} > "
-            f"cu_seqlens[{i + 1}] = {bounds[i + 1]}"
+            f"{name} must be non-decreasing, got {name}[{i}] = {bounds[i]} > {name}[{i + 1}] = {bounds[i + 1]}"
         )
-    if bounds[-1] != T:
-        raise ValueError(f"cu_seqlens must end at T = {T}, got cu_seqlens[-1] = {bounds[-1]}")
+    if T is not None and bounds[-1] != T:
+        raise ValueError(f"{name} must end at T = {T}, got {name}[-1] = {bounds[-1]}")
     return bounds
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from gdn_kcp.context import KcpContext, context_from_meta
-from gdn_kcp.options import OptionsKcp, options_from_str, options_to_str
+from gdn_kcp.options import OptionsKcp, options_from_str
 from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
 from gdn_kcp.queries.shapes import compute_dtype
 from gdn_kcp.workspace import WorkspaceKcp
@@ -87,6 +87,6 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
     index = ctx.index if q.device.type == "cpu" else ctx.device_index
     return GdnFunction.apply(
         q, k, v, g, beta, initial_state, None if workspace is None else workspace.storage,
-        index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options_to_str(options), scale,
+        index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options.op_arg, scale,
         n_final_states,
     )

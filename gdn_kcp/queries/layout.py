@@ -210,7 +210,8 @@ def _dims(ctx, H_qk, HV, K, V, dtype, options) -> Dims:
     if not isinstance(ctx, KcpContext):
         raise TypeError(f"ctx must be a KcpContext, got {type(ctx).__name__}")
     for name, value in (("H_qk", H_qk), ("HV", HV), ("K", K), ("V", V)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        # SymInts come from fake kernels traced with dynamic shapes
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if HV % H_qk:
         raise ValueError(f"HV = {HV} must be a multiple of H_qk = {H_qk}")

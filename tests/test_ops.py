@@ -1,0 +1,88 @@
+"""torch.library ops: opcheck, torch.compile(fullgraph=True) with dynamic=False and
+True, torch.utils.checkpoint, on one rank and on a 2-rank gloo group; FakeTensor
+memory tracing against the real run; no host sync on the op call path."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from gdn_layer import KcpLayer
+from ops_cases import all_op_checks, checkpoint_equals_plain, compiled_equals_eager, opcheck_both_ops
+from spawn import spawn_ranks
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from gdn_kcp import OptionsKcp, WorkspaceKcp, build_kcp_context, gdn_workspace_layout_kcp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_opcheck_single_rank():
+    opcheck_both_ops()
+
+
+def test_compile_fullgraph_single_rank():
+    compiled_equals_eager()
+
+
+def test_checkpoint_single_rank():
+    checkpoint_equals_plain()
+
+
+def test_two_rank_group():
+    spawn_ranks(2, all_op_checks)
+
+
+def training_step_peak(caller_workspace: bool) -> dict:
+    """Peak memory of one training step (forward, backward, optimizer) as
+    MemTracker sees it; the same code runs real or under FakeTensorMode."""
+    torch.manual_seed(0)
+    ctx = build_kcp_context([0, 50, 50, 130])  # a list: no tensor data read under fake mode
+    options = OptionsKcp(use_qk_l2norm=True)
+    workspace = WorkspaceKcp(ctx, 2, 4, 16, 16, options=options) if caller_workspace else None
+    layer = KcpLayer(ctx, options=options, workspace=workspace)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    x = torch.randn(1, 130, 32)
+    tracker = MemTracker()
+    tracker.track_external(layer, optimizer, *([workspace.storage] if workspace is not None else []))
+    with tracker:
+        layer(x).square().sum().backward()
+        optimizer.step()
+    return {str(key): value for key, value in tracker.get_tracker_snapshot("peak")[torch.device("cpu")].items()}
+
+
+@pytest.mark.parametrize("caller_workspace", [False, True])
+def test_fake_tensor_memory_tracing_equals_the_real_run(caller_workspace):
+    real = training_step_peak(caller_workspace)
+    with FakeTensorMode():
+        fake = training_step_peak(caller_workspace)
+    assert fake == real
+    layout = gdn_workspace_layout_kcp(build_kcp_context([0, 50, 50, 130]), 2, 4, 16, 16,
+                                      options=OptionsKcp(use_qk_l2norm=True))
+    if caller_workspace:  # the held arena is exactly the queried bytes
+        assert real["_MemRefType.OTH"] == layout.bytes
+    else:  # each call's own arena is a temporary: the backward's is live at the peak
+        held = training_step_peak(True)
+        assert real["_MemRefType.TEMP"] - held["_MemRefType.TEMP"] == layout.bwd.bytes
+        assert real["Total"] == held["Total"]
+
+
+CALL_PATH = ["gdn_kcp/ops", "gdn_kcp/fake", "gdn_kcp/host", "gdn_kcp/exchange", "gdn_kcp/queries",
+             "gdn_kcp/workspace.py", "gdn_kcp/kcp.py"]
+
+
+def test_no_host_sync_on_the_op_call_path():
+    """No .item(), .tolist() or .cpu() in what a gdn_kcp call runs (the context
+    builder and chunk_gated_delta_rule's FLA-style cu_seqlens read are outside)."""
+    pattern = re.compile(r"\.(item|tolist|cpu)\(")
+    offenders = []
+    for entry in CALL_PATH:
+        path = ROOT / entry
+        for file in [path] if path.is_file() else sorted(path.rglob("*.py")):
+            for number, line in enumerate(file.read_text().splitlines(), 1):
+                if pattern.search(line.split("#")[0]):
+                    offenders.append(f"{file.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, offenders
