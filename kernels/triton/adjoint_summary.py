@@ -1,0 +1,58 @@
+"""KCP adjoint summary (Triton): ``nu``, the start adjoint of the crossing-in
+fragment (fragment 0) walked back from a zero end adjoint; one program per
+(value head, value tile). Same signature as ``kernels.torch.adjoint_summary``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import BT, acc_dtype, frag_info, head_block, store_state, value_block, walk_operands
+from .adjoint_walk import adjoint_chunk
+
+
+@triton.jit
+def adjoint_summary_kernel(
+    q, k, w, gcum, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, nu, scale,
+    n_chunks, n_frag, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+):
+    i_h, i_v = tl.program_id(0), tl.program_id(1)
+    i_hk = i_h // (HV // H_qk)
+    col = i_v * BV
+    first, count, doc, flags = frag_info(frag_table, n_frag, 0)
+    dS = tl.zeros([BK, BV], dtype=ACC)
+    for jj in range(0, count):
+        c = first + count - 1 - jj
+        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
+            k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+        _, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
+                              H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC)
+    store_state(nu, dS, 0, HV, i_h, K, V, col, BK, BV)
+
+
+def adjoint_summary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    gcum: torch.Tensor,
+    do: torch.Tensor,
+    dv_local: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    nu_out: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.adjoint_summary``."""
+    H_qk, K = q.shape[1], q.shape[2]
+    HV, V = do.shape[1], do.shape[2]
+    BV = value_block(V)
+    adjoint_summary_kernel[(HV, triton.cdiv(V, BV))](
+        q, k, w, gcum, do, dv_local, q_rstd if q_rstd is not None else gcum, k_rstd if k_rstd is not None else gcum,
+        index.chunk_table, index.frag_table, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, ACC=acc_dtype(nu_out),
+    )

@@ -1,0 +1,94 @@
+"""Backward walk of the state adjoint (Triton), last chunk first; one program per
+(fragment, value head, value tile). Same signature as ``kernels.torch.adjoint_walk``.
+
+    dh[c] = dS;  dVn = dVn_local + diag(gamma_C / gamma) K dS
+    dS_prev = gamma_C dS + scale (diag(gamma) Q)^T dO - W^T dVn
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_qk, load_rows_cols, load_state,
+                      store_rows_cols, store_state, value_block, walk_operands)
+
+
+@triton.jit
+def adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale, H_qk, hk, HV, h, K, V,
+                  col, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
+    """One chunk of the adjoint walk: ``(dVn, dS_prev)``."""
+    b_q = load_qk(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
+    b_do = load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC)
+    b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + dot(b_kd, dS)
+    pull = dot(tl.trans(scale * tl.exp(G)[:, None] * b_q), b_do)
+    return b_dvn, gamma_last * dS + pull - dot(tl.trans(b_w), b_dvn)
+
+
+@triton.jit
+def adjoint_walk_kernel(
+    q, k, w, gcum, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, dh, dv, d_initial, scale,
+    n_chunks, n_frag, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+    HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, ACC: tl.constexpr,
+):
+    i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_hk = i_h // (HV // H_qk)
+    col = i_v * BV
+    first, count, doc, flags = frag_info(frag_table, n_frag, i_f)
+    dS = tl.zeros([BK, BV], dtype=ACC)
+    if HAS_FINAL:
+        if (flags & 2) == 0:
+            dS = load_state(d_final, doc, HV, i_h, K, V, col, BK, BV, ACC)
+    if HAS_LAM:
+        if (flags & 2) != 0:
+            dS = load_state(lam, 0, HV, i_h, K, V, col, BK, BV, ACC)
+    for jj in range(0, count):
+        c = first + count - 1 - jj
+        store_state(dh, dS, c, HV, i_h, K, V, col, BK, BV)
+        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
+            k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+        b_dvn, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
+                                  H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC)
+        store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
+    if HAS_INITIAL:
+        if (flags & 1) == 0:
+            store_state(d_initial, dS, doc, HV, i_h, K, V, col, BK, BV)
+
+
+def adjoint_walk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    gcum: torch.Tensor,
+    do: torch.Tensor,
+    dv_local: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
+    lam_out: torch.Tensor | None,
+    dh_out: torch.Tensor,
+    dv_out: torch.Tensor,
+    d_initial_state_out: torch.Tensor | None,
+) -> None:
+    """See ``kernels.torch.adjoint_walk`` (``dv_local`` and ``dv_out`` may be one tensor)."""
+    H_qk, K = q.shape[1], q.shape[2]
+    HV, V = do.shape[1], do.shape[2]
+    if index.n_frag == 0:
+        return
+    BV = value_block(V)
+    spare = dh_out
+    adjoint_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
+        q, k, w, gcum, do, dv_local, q_rstd if q_rstd is not None else gcum, k_rstd if k_rstd is not None else gcum,
+        index.chunk_table, index.frag_table,
+        d_final_state if d_final_state is not None else spare, lam_out if lam_out is not None else spare,
+        dh_out, dv_out, d_initial_state_out if d_initial_state_out is not None else spare, scale,
+        index.n_chunks, index.n_frag, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
+        HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, ACC=acc_dtype(dh_out),
+    )

@@ -1,0 +1,89 @@
+"""Backward (Triton): dq, dk, dw and the gate-cumsum gradient of the output and
+walk terms; one program per (chunk, value head), looping over value tiles. Same
+signature as ``kernels.torch.bwd_dqkwg``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk,
+                      load_rows_cols, load_state, store_rows_cols, value_block)
+
+
+@triton.jit
+def bwd_dqkwg_kernel(
+    q, k, gcum, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
+    n_chunks, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_hk = i_h // (HV // H_qk)
+    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
+    tok = start + o_t
+    G, last = load_gates(gcum, tok, length, start, HV, i_h, ACC)
+    b_q = load_qk(q, q_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
+    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
+    do_S0 = tl.zeros([BT, BK], dtype=ACC)  # dO S0^T
+    do_vn = tl.zeros([BT, BT], dtype=ACC)  # dO Vn^T
+    vn_dS = tl.zeros([BT, BK], dtype=ACC)  # Vn dS^T
+    b_dw = tl.zeros([BT, BK], dtype=ACC)  # -dVn S0^T
+    dS_S0 = tl.zeros([BK, BV], dtype=ACC)  # <dS, S0>, summed at the end
+    for col in range(0, V, BV):
+        S0 = load_state(h, i_c, HV, i_h, K, V, col, BK, BV, ACC)
+        dS = load_state(dh, i_c, HV, i_h, K, V, col, BK, BV, ACC)
+        b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
+        b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
+        b_dvn = load_rows_cols(dv_new, tok, m_t, HV, i_h, V, col, BV, ACC)
+        do_S0 += dot(b_do, tl.trans(S0))
+        do_vn += dot(b_do, tl.trans(b_vn))
+        vn_dS += dot(b_vn, tl.trans(dS))
+        b_dw -= dot(b_dvn, tl.trans(S0))
+        dS_S0 += dS * S0
+    gamma = tl.exp(G)
+    dq_state = scale * gamma[:, None] * do_S0
+    dscores = scale * do_vn * causal_decay(G, False)  # dP * D
+    dk_end = tl.exp(last - G)[:, None] * vn_dS
+    store_rows_cols(dq, dq_state + dot(dscores, b_k), tok, m_t, HV, i_h, K, 0, BK)
+    store_rows_cols(dk, dot(tl.trans(dscores), b_q) + dk_end, tok, m_t, HV, i_h, K, 0, BK)
+    store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, 0, BK)
+    through_scores = dscores * dot(b_q, tl.trans(b_k))  # dP * P
+    through_end = tl.sum(dk_end * b_k, 1)
+    dG = tl.sum(dq_state * b_q, 1) + tl.sum(through_scores, 1) - tl.sum(through_scores, 0) - through_end
+    d_last = tl.sum(through_end, 0) + tl.exp(last) * tl.sum(tl.sum(dS_S0, 1), 0)
+    dG += tl.where(o_t == length - 1, d_last, 0.0)
+    tl.store(dg + tok * HV + i_h, dG.to(dg.dtype.element_ty), mask=m_t)
+
+
+def bwd_dqkwg(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    gcum: torch.Tensor,
+    h: torch.Tensor,
+    v_new: torch.Tensor,
+    do: torch.Tensor,
+    dh: torch.Tensor,
+    dv_new: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    dq_out: torch.Tensor,
+    dk_out: torch.Tensor,
+    dw_out: torch.Tensor,
+    dg_out: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.bwd_dqkwg``."""
+    H_qk, K = q.shape[1], q.shape[2]
+    HV, V = v_new.shape[1], v_new.shape[2]
+    if index.n_chunks == 0:
+        return
+    bwd_dqkwg_kernel[(index.n_chunks, HV)](
+        q, k, gcum, h, v_new, do, dh, dv_new, q_rstd if q_rstd is not None else gcum,
+        k_rstd if k_rstd is not None else gcum, index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
+        index.n_chunks, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=q_rstd is not None, ACC=acc_dtype(h),
+    )

@@ -1,0 +1,56 @@
+"""Backward (Triton): the local dv_new, ``scale (Q K^T * D)^T dO``; one program
+per (chunk, value head, value tile). Same signature as ``kernels.torch.bwd_local_dv``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk,
+                      load_rows_cols, store_rows_cols, value_block)
+
+
+@triton.jit
+def bwd_local_dv_kernel(
+    q, k, gcum, do, dv, q_rstd, k_rstd, chunk_table, scale,
+    n_chunks, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+):
+    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_hk = i_h // (HV // H_qk)
+    col = i_v * BV
+    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
+    tok = start + o_t
+    G, _ = load_gates(gcum, tok, length, start, HV, i_h, ACC)
+    b_q = load_qk(q, q_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
+    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
+    scores = dot(b_q, tl.trans(b_k)) * causal_decay(G, False)
+    b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
+    store_rows_cols(dv, scale * dot(tl.trans(scores), b_do), tok, m_t, HV, i_h, V, col, BV)
+
+
+def bwd_local_dv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    gcum: torch.Tensor,
+    do: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    dv_out: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.bwd_local_dv``."""
+    H_qk, K = q.shape[1], q.shape[2]
+    HV, V = do.shape[1], do.shape[2]
+    if index.n_chunks == 0:
+        return
+    BV = value_block(V)
+    bwd_local_dv_kernel[(index.n_chunks, HV, triton.cdiv(V, BV))](
+        q, k, gcum, do, dv_out, q_rstd if q_rstd is not None else gcum, k_rstd if k_rstd is not None else gcum,
+        index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, ACC=acc_dtype(dv_out),
+    )

@@ -1,0 +1,87 @@
+"""Backward of the WY factors (Triton) through A to k, v, beta and the gate
+cumsum; one program per (chunk, value head). Same signature as
+``kernels.torch.bwd_wy``.
+
+    dA = dW (beta gamma K)^T + dU (beta V)^T,   dL = -strict_lower(A^T dA A^T)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk,
+                      load_rows_cols, load_scalars, store_rows_cols, value_block)
+
+
+@triton.jit
+def bwd_wy_kernel(
+    k, v, beta, gcum, A, dw, du, k_rstd, chunk_table, dk_acc, dv, dbeta, dg_acc,
+    n_chunks, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_hk = i_h // (HV // H_qk)
+    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
+    tok = start + o_t
+    G, _ = load_gates(gcum, tok, length, start, HV, i_h, ACC)
+    b_beta = load_scalars(beta, tok, m_t, HV, i_h, ACC)
+    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
+    b_A = load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC)
+    b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, 0, BK, ACC)
+    beta_gamma = b_beta * tl.exp(G)
+    At_dw = dot(tl.trans(b_A), b_dw)
+    w_dot_k = tl.sum(At_dw * b_k, 1)
+    dA = dot(b_dw, tl.trans(beta_gamma[:, None] * b_k))
+    u_dot_v = tl.zeros([BT], dtype=ACC)
+    for col in range(0, V, BV):
+        b_v = load_rows_cols(v, tok, m_t, HV, i_h, V, col, BV, ACC)
+        b_du = load_rows_cols(du, tok, m_t, HV, i_h, V, col, BV, ACC)
+        At_du = dot(tl.trans(b_A), b_du)
+        store_rows_cols(dv, b_beta[:, None] * At_du, tok, m_t, HV, i_h, V, col, BV)
+        u_dot_v += tl.sum(At_du * b_v, 1)
+        dA += dot(b_du, tl.trans(b_beta[:, None] * b_v))
+    o_i = tl.arange(0, BT)
+    dL = tl.where(o_i[:, None] > o_i[None, :], -dot(dot(tl.trans(b_A), dA), tl.trans(b_A)), 0.0)
+    dL_decayed = dL * causal_decay(G, True)
+    kkt = dot(b_k, tl.trans(b_k))
+    through_L = dL_decayed * kkt * b_beta[:, None]  # dL * L
+    dKk = b_beta[:, None] * dL_decayed
+    b_dk = beta_gamma[:, None] * At_dw + dot(dKk + tl.trans(dKk), b_k)
+    b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + tl.sum(dL_decayed * kkt, 1)
+    dG = beta_gamma * w_dot_k + tl.sum(through_L, 1) - tl.sum(through_L, 0)
+    b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, 0, BK, ACC)
+    store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, 0, BK)
+    dG += tl.load(dg_acc + tok * HV + i_h, mask=m_t, other=0.0).to(ACC)
+    tl.store(dg_acc + tok * HV + i_h, dG.to(dg_acc.dtype.element_ty), mask=m_t)
+    tl.store(dbeta + tok * HV + i_h, b_dbeta.to(dbeta.dtype.element_ty), mask=m_t)
+
+
+def bwd_wy(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    gcum: torch.Tensor,
+    A: torch.Tensor,
+    dw: torch.Tensor,
+    du: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    k_rstd: torch.Tensor | None,
+    dk_acc: torch.Tensor,
+    dv_out: torch.Tensor,
+    dbeta_out: torch.Tensor,
+    dg_acc: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.bwd_wy``."""
+    H_qk, K = k.shape[1], k.shape[2]
+    HV, V = v.shape[1], v.shape[2]
+    if index.n_chunks == 0:
+        return
+    bwd_wy_kernel[(index.n_chunks, HV)](
+        k, v, beta, gcum, A, dw, du, k_rstd if k_rstd is not None else gcum, index.chunk_table,
+        dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd is not None, ACC=acc_dtype(dk_acc),
+    )

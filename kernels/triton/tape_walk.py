@@ -1,0 +1,74 @@
+"""Program #2, tape walk (Triton): every fragment from its start state, chunk by
+chunk; one program per (fragment, value head, value tile). Same signature as
+``kernels.torch.tape_walk``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, store_rows_cols,
+                      store_state, value_block, walk_operands)
+
+
+@triton.jit
+def tape_walk_kernel(
+    k, w, u, gcum, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
+    n_chunks, n_frag, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, ACC: tl.constexpr,
+):
+    i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_hk = i_h // (HV // H_qk)
+    col = i_v * BV
+    first, count, doc, flags = frag_info(frag_table, n_frag, i_f)
+    S = tl.zeros([BK, BV], dtype=ACC)
+    if HAS_INITIAL:
+        if (flags & 1) == 0:
+            S = load_state(initial_state, doc, HV, i_h, K, V, col, BK, BV, ACC)
+    if HAS_S_IN:
+        if (flags & 1) != 0:
+            S = load_state(s_in, 0, HV, i_h, K, V, col, BK, BV, ACC)
+    for j in range(0, count):
+        c = first + j
+        store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
+        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
+            k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+        b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S)
+        store_rows_cols(v_new, b_vn, tok, m_t, HV, i_h, V, col, BV)
+        S = gamma_last * S + dot(tl.trans(b_kd), b_vn)
+    if HAS_FINAL:
+        if (flags & 2) == 0:
+            store_state(final_state, S, doc, HV, i_h, K, V, col, BK, BV)
+
+
+def tape_walk(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    gcum: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    k_rstd: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    s_in: torch.Tensor | None,
+    h_out: torch.Tensor,
+    v_new_out: torch.Tensor,
+    final_state_out: torch.Tensor | None,
+) -> None:
+    """See ``kernels.torch.tape_walk`` (``u`` and ``v_new_out`` may be one tensor)."""
+    H_qk, K = k.shape[1], k.shape[2]
+    HV, V = u.shape[1], u.shape[2]
+    if index.n_frag == 0:
+        return
+    BV = value_block(V)
+    tape_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
+        k, w, u, gcum, k_rstd if k_rstd is not None else gcum, index.chunk_table, index.frag_table,
+        initial_state if initial_state is not None else h_out, s_in if s_in is not None else h_out,
+        h_out, v_new_out, final_state_out if final_state_out is not None else h_out,
+        index.n_chunks, index.n_frag, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_INITIAL=initial_state is not None,
+        HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, ACC=acc_dtype(h_out),
+    )
