@@ -11,23 +11,27 @@ from gdn_kcp.kernels import torch as torch_programs
 
 
 def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype,
-                 seed: int, l2: bool, crossing: bool) -> dict[str, torch.Tensor]:
+                 seed: int, l2: bool, crossing: bool, device: str = "cpu") -> dict[str, torch.Tensor]:
     """Run every program once, in host-path order, on documents ``bounds``
     (with ``crossing``, the first crosses in and the last crosses out) and
     return what each wrote."""
     gen = torch.Generator().manual_seed(seed)
     T = bounds[-1]
-    q, k, v, g, beta = [x[0].to(dtype) for x in make_inputs(T, H_qk, HV, K, V, dtype=torch.float64, seed=seed, l2=l2)]
+    inputs = make_inputs(T, H_qk, HV, K, V, dtype=torch.float64, seed=seed, l2=l2)
+    q, k, v, g, beta = [x[0].to(device=device, dtype=dtype) for x in inputs]
     N = len(bounds) - 1
     flags = [0] * N
     if crossing:  # the first fragment crosses in, the last crosses out
         flags[0] |= CROSSING_IN
         flags[-1] |= CROSSING_OUT
-    index = ChunkIndex.from_fragments(bounds, frag_flags=flags)
+    index = ChunkIndex.from_fragments(bounds, frag_flags=flags, device=device)
     cdt = torch.float64 if dtype == torch.float64 else torch.float32
 
     def new(*shape):
-        return torch.zeros(shape, dtype=cdt)
+        return torch.zeros(shape, dtype=cdt, device=device)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=cdt)
 
     out: dict[str, torch.Tensor] = {}
     norms = dict(q_rstd=new(T, H_qk), k_rstd=new(T, H_qk)) if l2 else dict(q_rstd=None, k_rstd=None)
@@ -40,24 +44,24 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     programs.summary_walk(k, out["w"], out["u"], out["gcum"], index, k_rstd=norms["k_rstd"],
                           s_loc_out=summary[..., :V], m_out=summary[..., V:])
     out["summary"] = summary
-    state0 = torch.randn(N, HV, K, V, generator=gen, dtype=torch.float64).to(cdt)
-    s_in = torch.randn(1, HV, K, V, generator=gen, dtype=torch.float64).to(cdt) if crossing else None
+    state0 = randn(N, HV, K, V)
+    s_in = randn(1, HV, K, V) if crossing else None
     out.update(h=new(index.n_chunks, HV, K, V), v_new=out["u"].clone(), final=new(N, HV, K, V))
     programs.tape_walk(k, out["w"], out["v_new"], out["gcum"], index, k_rstd=norms["k_rstd"],
                        initial_state=state0, s_in=s_in, h_out=out["h"], v_new_out=out["v_new"],
                        final_state_out=out["final"])
-    out["o"] = torch.zeros(T, HV, V, dtype=dtype)
+    out["o"] = torch.zeros(T, HV, V, dtype=dtype, device=device)
     scale = K**-0.5
     programs.output(q, k, out["gcum"], out["h"], out["v_new"], index, scale=scale, o_out=out["o"], **norms)
 
-    do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(dtype)
+    do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
     out["dv_local"] = new(T, HV, V)
     programs.bwd_local_dv(q, k, out["gcum"], do, index, scale=scale, dv_out=out["dv_local"], **norms)
     out["nu"] = new(1, HV, K, V)
     programs.adjoint_summary(q, k, out["w"], out["gcum"], do, out["dv_local"], index, scale=scale,
                              nu_out=out["nu"], **norms)
-    d_final = torch.randn(N, HV, K, V, generator=gen, dtype=torch.float64).to(cdt)
-    lam = torch.randn(1, HV, K, V, generator=gen, dtype=torch.float64).to(cdt) if crossing else None
+    d_final = randn(N, HV, K, V)
+    lam = randn(1, HV, K, V) if crossing else None
     out.update(dh=new(index.n_chunks, HV, K, V), dv_new=out["dv_local"].clone(), d_initial=new(N, HV, K, V))
     programs.adjoint_walk(q, k, out["w"], out["gcum"], do, out["dv_new"], index, scale=scale,
                           d_final_state=d_final, lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"],
@@ -77,7 +81,8 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
 
 
 def compare_with_torch(programs, **case) -> dict[str, float]:
-    """Relative max error of every written tensor against the torch twin."""
+    """Relative max error of every written tensor against the torch twin (on
+    the same device)."""
     ours, twin = run_programs(programs, **case), run_programs(torch_programs, **case)
     errors = {}
     for name, expected in twin.items():

@@ -4,14 +4,13 @@ fragments with S_in / lambda_end, K = V in {32, 64}; fp32 and bf16 inputs."""
 
 from __future__ import annotations
 
-import os
+import pytest
+import torch
+from gdn_inputs import make_inputs, rel_rms
+from program_cases import compare_with_torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: run kernels on the CPU
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from program_cases import compare_with_torch  # noqa: E402
+from gdn_kcp import build_kcp_context, gdn_kcp
+from gdn_kcp.host.programs import use_programs
 
 triton = pytest.importorskip("triton")
 
@@ -27,11 +26,8 @@ CASES = {
 # also round the outputs and gradients to bf16 (2^-8 relative).
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
 
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_triton_programs_match_torch_twins(name):
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("set TRITON_INTERPRET=1 before triton is imported to run these on the CPU")
     from gdn_kcp.kernels import triton as triton_programs
 
     case = CASES[name]
@@ -39,3 +35,20 @@ def test_triton_programs_match_torch_twins(name):
     assert len(errors) >= 23  # 25 with the norm tapes
     bad = {k: v for k, v in errors.items() if not v < TOLERANCE[case["dtype"]]}
     assert not bad, bad
+
+def test_forward_and_backward_through_the_ops_with_triton_programs():
+    """A whole gdn_kcp call (ops, host path, workspace) on the Triton programs
+    equals the same call on the torch programs."""
+    bounds = [0, 20, 20, 150, 170]
+    ctx = build_kcp_context(bounds)
+    inputs = make_inputs(170, 1, 2, 32, 32, dtype=torch.float32, seed=4, l2=True)
+    do = torch.randn(1, 170, 2, 32, generator=torch.Generator().manual_seed(5))
+    results = []
+    for backend in ("torch", "triton"):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        with use_programs("cpu", backend):
+            o = gdn_kcp(*leaves, ctx, use_qk_l2norm=True)
+            grads = torch.autograd.grad((o * do).sum(), leaves)
+        results.append([o.detach(), *grads])
+    for ours, twin in zip(*results):
+        assert rel_rms(ours, twin) < 1e-5

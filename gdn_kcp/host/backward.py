@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 
 from gdn_kcp.exchange import backward_a2a, backward_ring
-from gdn_kcp.kernels import torch as programs
 from gdn_kcp.options import save_plan
 
 from .forward import Buffers, Call, ForwardTapes, run_forward_exchange, run_prep, run_tape_walk
@@ -36,7 +35,7 @@ def run_backward_exchange(q, k, do, dv_local, call: Call, tapes: ForwardTapes, b
     nu = None
     if ctx.n_in:
         nu = arena.bind("nu")
-        programs.adjoint_summary(
+        call.programs.adjoint_summary(
             q, k, tapes.w, tapes.gcum, do, dv_local, call.index,
             scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, nu_out=nu,
         )
@@ -89,7 +88,7 @@ def host_backward(
     qk_norms = dict(q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd)
     arena.phase("bwd.phase.local_dv")
     dv_new = arena.bind("dv_new")  # the local dv until the adjoint walk completes it
-    programs.bwd_local_dv(q, k, tapes.gcum, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms)
+    call.programs.bwd_local_dv(q, k, tapes.gcum, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms)
     lam = None
     if exchanges:
         own_m = summary[..., V:] if summary is not None else saved.get("m")
@@ -103,7 +102,7 @@ def host_backward(
     d_initial_state = None
     if n_initial_states is not None:
         d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=tapes.gcum.dtype, device=q.device)
-    programs.adjoint_walk(
+    call.programs.adjoint_walk(
         q, k, tapes.w, tapes.gcum, do, dv_new, call.index,
         scale=call.scale, d_final_state=d_final_state,
         lam_out=lam[:, :HV] if lam is not None and ctx.n_out else None,
@@ -115,7 +114,7 @@ def host_backward(
 
     arena.phase("bwd.phase.dqkwg")
     dq_heads, dk_heads, dw, dgcum = (arena.bind(name) for name in ("dq_heads", "dk_heads", "dw", "dgcum"))
-    programs.bwd_dqkwg(
+    call.programs.bwd_dqkwg(
         q, k, tapes.gcum, tapes.h, tapes.v_new, do, dh, dv_new, call.index,
         scale=call.scale, dq_out=dq_heads, dk_out=dk_heads, dw_out=dw, dg_out=dgcum, **qk_norms,
     )
@@ -124,7 +123,7 @@ def host_backward(
 
     arena.phase("bwd.phase.wy")
     dv, dbeta = torch.empty_like(v), torch.empty_like(beta)
-    programs.bwd_wy(
+    call.programs.bwd_wy(
         k, v, beta, tapes.gcum, tapes.A, dw, dv_new, call.index,
         k_rstd=tapes.k_rstd, dk_acc=dk_heads, dv_out=dv, dbeta_out=dbeta, dg_acc=dgcum,
     )
@@ -133,9 +132,9 @@ def host_backward(
 
     arena.phase("bwd.phase.grads")
     dg = torch.empty_like(g)
-    programs.bwd_gate_cumsum(dgcum, call.index, dg_out=dg)
+    call.programs.bwd_gate_cumsum(dgcum, call.index, dg_out=dg)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
-    programs.bwd_qk_norm(dq_heads, dk_heads, q, k, dq_out=dq, dk_out=dk, **qk_norms)
+    call.programs.bwd_qk_norm(dq_heads, dk_heads, q, k, dq_out=dq, dk_out=dk, **qk_norms)
     arena.release("dgcum", "dq_heads", "dk_heads")
     buffers.drop(*call.norms)
     arena.close()

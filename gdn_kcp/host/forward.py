@@ -15,10 +15,11 @@ import torch
 from gdn_kcp.context import KcpContext
 from gdn_kcp.exchange import forward_a2a, forward_ring
 from gdn_kcp.kernels import ChunkIndex
-from gdn_kcp.kernels import torch as programs
 from gdn_kcp.options import OptionsKcp, save_plan
 from gdn_kcp.queries.layout import SavedSpec
 from gdn_kcp.workspace import Arena
+
+from .programs import programs_for
 
 
 @dataclass
@@ -80,6 +81,11 @@ class Call:
     scale: float
 
     @property
+    def programs(self):
+        """The program backend for the tensors of this call (see :mod:`.programs`)."""
+        return programs_for(self.index.chunk_table.device)
+
+    @property
     def norms(self) -> tuple[str, ...]:
         return ("q_rstd", "k_rstd") if self.options.use_qk_l2norm else ()
 
@@ -91,7 +97,7 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
         gcum=take("gcum"), A=take("A") if with_A else None, w=take("w"), v_new=take("v_new"),
         q_rstd=take("q_rstd") if call.norms else None, k_rstd=take("k_rstd") if call.norms else None,
     )
-    programs.prep(
+    call.programs.prep(
         q, k, v, g, beta, call.index,
         gcum_out=tapes.gcum, A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
         q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd,
@@ -102,7 +108,7 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
 def run_tape_walk(k, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out):
     """Program #2: binds h; rewrites the u in ``tapes.v_new`` as v_new."""
     tapes.h = buffers.take("h")
-    programs.tape_walk(
+    call.programs.tape_walk(
         k, tapes.w, tapes.v_new, tapes.gcum, call.index,
         k_rstd=tapes.k_rstd, initial_state=initial_state,
         s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
@@ -120,7 +126,7 @@ def run_forward_exchange(k, call: Call, tapes: ForwardTapes, buffers: Buffers, *
     summary = None
     if ctx.n_out:
         summary = buffers.arena.bind("summary")
-        programs.summary_walk(
+        call.programs.summary_walk(
             k, tapes.w, tapes.v_new, tapes.gcum, call.index, k_rstd=tapes.k_rstd,
             s_loc_out=summary[..., :V], m_out=summary[..., V:] if ctx.rank_middle[ctx.rank] else None,
         )
@@ -161,7 +167,7 @@ def host_forward(
     buffers.drop("w")
     arena.phase("fwd.phase.output")
     o = torch.empty_like(v, dtype=q.dtype)
-    programs.output(
+    call.programs.output(
         q, k, tapes.gcum, tapes.h, tapes.v_new, call.index,
         scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o,
     )

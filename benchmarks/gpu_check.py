@@ -1,0 +1,234 @@
+"""One-shot GPU check: correctness of every Triton program and of forward+backward
+against the torch programs on the same GPU, times of the Triton path, the same
+for flash-linear-attention's chunk_gated_delta_rule when ``fla`` imports, and a
+``torch.compile(mode="reduce-overhead")`` run. Writes ``gpu_check.json`` and
+``gpu_check.md`` to ``--out``.
+
+    python benchmarks/gpu_check.py --out DIR            # on a GPU machine (gpu_check.sh)
+    python benchmarks/gpu_check.py --out DIR --dry-run  # the same steps on the CPU, tiny shapes
+
+Shape of the full check: T = 32768 packed tokens, H_qk = 16, HV = 32, K = V = 128,
+bf16 inputs. Every ratio is measured in this run against a baseline in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+if "--dry-run" in sys.argv:  # before torch and triton are imported: the interpreter runs the kernels
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp  # noqa: E402
+from gdn_kcp.host.programs import use_programs  # noqa: E402
+
+
+def packing(T: int, seed: int = 0) -> list[int]:
+    """Documents of 64 to 6000 tokens (odd lengths), packed to T."""
+    rng = random.Random(seed)
+    bounds = [0]
+    while bounds[-1] < T:
+        bounds.append(min(T, bounds[-1] + rng.randint(64, 6000) | 1))
+    return bounds
+
+
+def inputs(T, H_qk, HV, K, V, dtype, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(1, T, H_qk, K, generator=gen)
+    k = torch.randn(1, T, H_qk, K, generator=gen)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, generator=gen) + 4)
+    beta = torch.rand(1, T, HV, generator=gen)
+    return [x.to(device=device, dtype=dtype) for x in (q, k, v, g, beta)]
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).square().mean().sqrt() / b.square().mean().sqrt().clamp_min(1e-30)).item()
+
+
+def timed(fn, device, repeats: int = 5, warmup: int = 2) -> float:
+    """Median milliseconds of ``fn()``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def check_programs(results, device, dims, dtype, bounds):
+    """Every Triton program against its torch twin on ``device``."""
+    from gdn_kcp.kernels import triton as triton_programs
+    from program_cases import compare_with_torch
+
+    H_qk, HV, K, V = dims
+    case = dict(bounds=tuple(bounds), H_qk=H_qk, HV=HV, K=K, V=V, dtype=dtype, seed=1, l2=True, crossing=True,
+                device=str(device))
+    errors = compare_with_torch(triton_programs, **case)
+    limit = 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+    results["programs"] = {"max_relative_error": errors, "limit": limit,
+                           "pass": all(err < limit for err in errors.values())}
+
+
+def check_forward_backward(results, device, dims, dtype, bounds):
+    """gdn_kcp (one rank) on the Triton programs against the torch programs."""
+    H_qk, HV, K, V = dims
+    ctx = build_kcp_context(bounds, device=device)
+    xs = inputs(bounds[-1], H_qk, HV, K, V, dtype, device)
+    do = torch.randn_like(xs[2])
+    outs = {}
+    for backend in ("triton", "torch"):
+        leaves = [x.clone().requires_grad_() for x in xs]
+        with use_programs(device.type, backend):
+            o = gdn_kcp(*leaves, ctx, use_qk_l2norm=True)
+            grads = torch.autograd.grad((o * do).sum(), leaves)
+        outs[backend] = [o.detach(), *grads]
+    names = ("o", "dq", "dk", "dv", "dg", "dbeta")
+    errors = {n: rel_rms(a, b) for n, a, b in zip(names, outs["triton"], outs["torch"])}
+    results["forward_backward"] = {"relative_rms_vs_torch_programs": errors,
+                                   "pass": all(e < 1e-2 for e in errors.values())}
+
+
+def time_paths(results, device, dims, dtype, bounds):
+    """Forward and forward+backward times: ours (Triton programs) and FLA's."""
+    H_qk, HV, K, V = dims
+    ctx = build_kcp_context(bounds, device=device)
+    xs = [x.requires_grad_() for x in inputs(bounds[-1], H_qk, HV, K, V, dtype, device)]
+    cu = torch.tensor(bounds, dtype=torch.long, device=device)
+    do = torch.randn_like(xs[2])
+
+    def ours():
+        return gdn_kcp(*xs, ctx, use_qk_l2norm=True)
+
+    rows = {"gdn_kcp": ours}
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdr
+
+        def fla():
+            return fla_gdr(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
+
+        rows["fla"] = fla
+        with torch.no_grad():
+            results["fla_vs_ours_o_relative_rms"] = rel_rms(fla(), ours())
+    except Exception as error:  # fla absent or failing: report, time ours alone
+        results["fla_error"] = f"{type(error).__name__}: {error}"
+    timing = {}
+    for name, fn in rows.items():
+        with torch.no_grad():
+            forward = timed(fn, device)
+        both = timed(lambda: torch.autograd.grad((fn() * do).sum(), xs), device)
+        timing[name] = {"forward_ms": forward, "forward_backward_ms": both}
+    if "fla" in timing:
+        timing["ratio_fla_over_ours"] = {
+            key: timing["fla"][key] / timing["gdn_kcp"][key] for key in ("forward_ms", "forward_backward_ms")
+        }
+    results["timing"] = timing
+
+
+def check_reduce_overhead(results, device, dims, dtype, bounds):
+    """A layer around gdn_kcp under torch.compile(mode="reduce-overhead")."""
+    from gdn_layer import KcpLayer
+
+    H_qk, HV, K, V = dims
+    ctx = build_kcp_context(bounds, device=device)
+    torch.manual_seed(0)
+    layer = KcpLayer(ctx, d_model=256, H_qk=H_qk, HV=HV, K=K, V=V,
+                     options=OptionsKcp(use_qk_l2norm=True, graph="replay")).to(device=device, dtype=dtype)
+    x = torch.randn(1, bounds[-1], 256, device=device, dtype=dtype)
+    eager = layer(x).detach()
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    compiled = torch.compile(layer, mode=mode, fullgraph=True)
+    for _ in range(3):
+        y = compiled(x)
+        y.float().square().mean().backward()
+    results["compile"] = {"mode": mode, "relative_rms_vs_eager": rel_rms(y.detach(), eager),
+                          "step_ms": timed(lambda: compiled(x).float().square().mean().backward(), device, 3, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton under the interpreter")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        device, T, dims, dtype = torch.device("cpu"), 300, (1, 2, 32, 32), torch.bfloat16
+    else:
+        device, T, dims, dtype = torch.device("cuda"), 32768, (16, 32, 128, 128), torch.bfloat16
+    bounds = packing(T) if not args.dry_run else [0, 70, 70, 71, 200, 300]
+    results = {
+        "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "python": platform.python_version(),
+        "triton": __import__("triton").__version__, "T": T, "documents": len(bounds) - 1,
+        "H_qk, HV, K, V": dims, "dtype": str(dtype),
+    }
+    steps = [check_programs, check_forward_backward, time_paths, check_reduce_overhead]
+    context = use_programs("cpu", "triton") if args.dry_run else _null()
+    with context:
+        for step in steps:
+            start = time.perf_counter()
+            try:
+                step(results, device, dims, dtype, bounds)
+            except Exception:
+                results.setdefault("errors", {})[step.__name__] = traceback.format_exc()
+            results.setdefault("seconds", {})[step.__name__] = round(time.perf_counter() - start, 1)
+            (args.out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
+            print(f"{step.__name__}: {results['seconds'][step.__name__]} s", flush=True)
+    (args.out / "gpu_check.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def markdown(r: dict) -> str:
+    lines = [f"## GPU check, {r['date']}, {r['device']}",
+             f"torch {r['torch']}, triton {r['triton']}, python {r['python']}; T = {r['T']} "
+             f"({r['documents']} documents), (H_qk, HV, K, V) = {r['H_qk, HV, K, V']}, {r['dtype']}", ""]
+    if "programs" in r:
+        worst = max(r["programs"]["max_relative_error"].items(), key=lambda kv: kv[1])
+        lines.append(f"- programs vs torch twins: {'pass' if r['programs']['pass'] else 'FAIL'} "
+                     f"(worst {worst[0]} {worst[1]:.1e}, limit {r['programs']['limit']})")
+    if "forward_backward" in r:
+        errors = r["forward_backward"]["relative_rms_vs_torch_programs"]
+        lines.append(f"- forward+backward vs torch programs: {'pass' if r['forward_backward']['pass'] else 'FAIL'} "
+                     + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
+    for name, row in r.get("timing", {}).items():
+        lines.append(f"- {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
+    if "fla_error" in r:
+        lines.append(f"- fla not timed: {r['fla_error'].splitlines()[0]}")
+    if "compile" in r:
+        c = r["compile"]
+        lines.append(f"- torch.compile(mode={c['mode']!r}): rel RMS vs eager {c['relative_rms_vs_eager']:.1e}, "
+                     f"step {c['step_ms']:.1f} ms")
+    for step, error in r.get("errors", {}).items():
+        lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
+    lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Which program backend a call runs: the torch programs on the CPU, the Triton
+programs on CUDA. :func:`use_programs` swaps one for tests and checks (the
+Triton programs on the CPU under ``TRITON_INTERPRET=1``, the torch programs on
+CUDA as a twin)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+
+import torch
+
+BACKENDS = ("torch", "triton")
+_backend_of = {"cpu": "torch", "cuda": "triton"}
+
+
+def programs_for(device: torch.device) -> ModuleType:
+    """``gdn_kcp.kernels.torch`` or ``gdn_kcp.kernels.triton`` for ``device``."""
+    return importlib.import_module(f"gdn_kcp.kernels.{_backend_of.get(device.type, 'torch')}")
+
+
+@contextlib.contextmanager
+def use_programs(device_type: str, backend: str) -> Iterator[None]:
+    """Within the block, calls on ``device_type`` tensors run ``backend``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    previous = _backend_of.get(device_type)
+    _backend_of[device_type] = backend
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _backend_of[device_type]
+        else:
+            _backend_of[device_type] = previous

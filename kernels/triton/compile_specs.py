@@ -1,0 +1,115 @@
+"""The shipped launch configurations of every Triton kernel, as
+``triton.compile`` sources: compile them for a GPU target without a GPU.
+
+    python -m gdn_kcp.kernels.triton.compile_specs [--arch 90] [--K 128] [--V 128]
+
+prints one JSON line per kernel with its shared memory and registers (run it
+with ``TRITON_INTERPRET`` unset: the interpreter has nothing to compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+from ._common import BT, head_block, value_block
+from .adjoint_summary import adjoint_summary_kernel
+from .adjoint_walk import adjoint_walk_kernel
+from .bwd_dqkwg import bwd_dqkwg_kernel
+from .bwd_gate_cumsum import bwd_gate_cumsum_kernel
+from .bwd_local_dv import bwd_local_dv_kernel
+from .bwd_qk_norm import bwd_qk_norm_kernel
+from .bwd_wy import bwd_wy_kernel
+from .output import output_kernel
+from .prep import l2_rstd_kernel, prep_kernel
+from .summary_walk import summary_walk_kernel
+from .tape_walk import tape_walk_kernel
+
+SHARED_MEMORY_LIMIT = 232_448
+"""Dynamic shared memory per block on the H100 / H200 (227 KiB)."""
+
+FLOATS = {"scale"}
+INDEX_TABLES = {"chunk_table", "frag_table"}
+# Pointers in the input dtype (bf16 here); every other pointer is an fp32 tape.
+INPUT_POINTERS = {
+    "l2_rstd_kernel": {"x"},
+    "prep_kernel": {"q", "k", "v", "g", "beta"},
+    "tape_walk_kernel": {"k"},
+    "summary_walk_kernel": {"k"},
+    "output_kernel": {"q", "k", "o"},
+    "bwd_local_dv_kernel": {"q", "k", "do"},
+    "adjoint_walk_kernel": {"q", "k", "do"},
+    "adjoint_summary_kernel": {"q", "k", "do"},
+    "bwd_dqkwg_kernel": {"q", "k", "do"},
+    "bwd_wy_kernel": {"k", "v", "beta", "dv", "dbeta"},
+    "bwd_gate_cumsum_kernel": {"dg"},
+    "bwd_qk_norm_kernel": {"x", "dx"},
+}
+INTS = {"n_chunks", "n_frag", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
+
+
+def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
+    """``(name, kernel, constexprs)`` of every kernel at its shipped configuration."""
+    BK, BV = head_block(K), value_block(V)
+    walk = dict(BT=BT, BK=BK, BV=BV, HAS_NORM=True, ACC=tl.float32)
+    return [
+        ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
+        ("prep_kernel", prep_kernel, dict(walk, STORE_A=True)),
+        ("tape_walk_kernel", tape_walk_kernel, dict(walk, HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True)),
+        ("summary_walk_kernel", summary_walk_kernel, dict(walk, IS_M=False)),
+        ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=value_block(K), IS_M=True)),
+        ("output_kernel", output_kernel, walk),
+        ("bwd_local_dv_kernel", bwd_local_dv_kernel, walk),
+        ("adjoint_walk_kernel", adjoint_walk_kernel, dict(walk, HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True)),
+        ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
+        ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, walk),
+        ("bwd_wy_kernel", bwd_wy_kernel, walk),
+        ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
+        ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT, BK=BK, HAS_NORM=True, ACC=tl.float32)),
+    ]
+
+
+def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
+    inputs = INPUT_POINTERS[name.split("[")[0]]
+    signature = {}
+    for param in kernel.params:
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+        elif param.name in FLOATS:
+            signature[param.name] = "fp32"
+        elif param.name in INTS:
+            signature[param.name] = "i32"
+        elif param.name in INDEX_TABLES:
+            signature[param.name] = "*i32"
+        else:
+            signature[param.name] = "*bf16" if param.name in inputs else "*fp32"
+    return triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+
+
+def compile_all(arch: int, K: int = 128, V: int = 128) -> list[dict]:
+    """Compile every kernel for ``sm_<arch>``; shared memory (bytes) and registers."""
+    target = GPUTarget("cuda", arch, 32)
+    out = []
+    for name, kernel, constexprs in kernels(K, V):
+        compiled = triton.compile(source(name, kernel, constexprs), target=target)
+        out.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
+                        num_warps=compiled.metadata.num_warps))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--K", type=int, default=128)
+    parser.add_argument("--V", type=int, default=128)
+    args = parser.parse_args()
+    for row in compile_all(args.arch, args.K, args.V):
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
