@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate clean
+.PHONY: demo test bench-cpu mutate compile-check gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,14 @@ test: $(VENV)/.test
 
 bench-cpu: $(VENV)/.base
 	$(PY) benchmarks/cpu_chunk.py
+
+# Not CI: every Triton kernel compiled for sm_90 and sm_100, shared memory per kernel.
+compile-check: $(VENV)/.test
+	GDN_KCP_COMPILE_SM100=1 $(PY) -m pytest -s tests/test_triton_compile.py
+
+# On a GPU machine only (uses the machine's torch and triton).
+gpu-check:
+	bash benchmarks/gpu_check.sh
 
 # Not CI: every term of the byte queries mutated in turn must fail a test (tens of minutes).
 mutate: $(VENV)/.test
