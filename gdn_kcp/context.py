@@ -32,8 +32,9 @@ class KcpContext:
     crossing-out fragment, -1 for none).
     Chains: ``chains`` lists, per document that crosses a rank boundary, the
     ranks holding its fragments in order (the owners compose along them).
-    This rank: ``index`` (a :class:`ChunkIndex` on the CPU) and ``device_index``
-    (the same tables on ``device``); fragments carry global document ids.
+    This rank: ``index`` (a :class:`ChunkIndex` on the CPU; on the call's device
+    in a context rebuilt inside an op) and ``device_index`` (the same tables on
+    ``device``); fragments carry global document ids.
     """
 
     R: int
@@ -137,8 +138,12 @@ def rank_fragments(bounds: list[int], start: int, end: int, last_rank: bool) -> 
 
 
 def _group_device(group: object) -> torch.device:
-    backend = dist.get_backend(group)
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    """CUDA when the group can move CUDA tensors (an NCCL backend, alone or in a
+    "cpu:gloo,cuda:nccl" pair), else the CPU."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _check_same_everywhere(bounds: list[int], ranges: list[tuple[int, int]], group: object, R: int) -> None:
@@ -187,14 +192,16 @@ def build_kcp_context(
         bounds = check_bounds("cu_seqlens_global", cu_seqlens_global, None)
         T = bounds[-1]
     elif isinstance(cu_seqlens_global, torch.Tensor):
-        T = int(cu_seqlens_global[-1]) if cu_seqlens_global.numel() else 0
-        bounds = check_cu_seqlens(cu_seqlens_global, T)
+        bounds = check_cu_seqlens(cu_seqlens_global, None, name="cu_seqlens_global")
+        T = bounds[-1]
     else:
         raise TypeError(
             f"cu_seqlens_global must be a torch.Tensor or a list of ints [N + 1], got {type(cu_seqlens_global).__name__}"
         )
     if dist.is_available() and dist.is_initialized():
         R, rank = dist.get_world_size(group), dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of group={group!r}")
         group_name = (group if group is not None else dist.group.WORLD).group_name
     elif group is None:
         R, rank, group_name = 1, 0, ""

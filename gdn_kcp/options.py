@@ -21,7 +21,7 @@ def _check_bool(name: str, value: object) -> None:
         raise ValueError(f"OptionsKcp.{name} must be a bool, got {value!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OptionsKcp:
     """Options of :func:`gdn_kcp.gdn_kcp` and of the byte queries.
 

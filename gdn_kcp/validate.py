@@ -51,12 +51,13 @@ def check_flag(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
-def check_cu_seqlens(cu_seqlens: object, T: int) -> list[int]:
-    """Validate ``cu_seqlens`` ``[N + 1]`` and return its values (a host read)."""
-    check_tensor("cu_seqlens", cu_seqlens, 1, "[N + 1]")
+def check_cu_seqlens(cu_seqlens: object, T: int | None, name: str = "cu_seqlens") -> list[int]:
+    """Validate ``cu_seqlens`` ``[N + 1]`` (ending at ``T`` when given) and
+    return its values (a host read)."""
+    check_tensor(name, cu_seqlens, 1, "[N + 1]")
     if cu_seqlens.dtype not in INDEX_DTYPES:
-        raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
-    return check_bounds("cu_seqlens", cu_seqlens.tolist(), T)
+        raise TypeError(f"{name} must be int32 or int64, got {cu_seqlens.dtype}")
+    return check_bounds(name, cu_seqlens.tolist(), T)
 
 
 def check_bounds(name: str, values: object, T: int | None) -> list[int]:

@@ -16,7 +16,9 @@ import torch
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.options import OptionsKcp
+from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.queries.layout import CallLayout, WorkspaceLayout, gdn_workspace_layout_kcp, phase_peaks
+from gdn_kcp.queries.shapes import numel
 
 _recorders = threading.local()
 
@@ -114,11 +116,8 @@ class Arena:
             raise RuntimeError(f"pool {name!r} is already bound")
         self.bound[name] = (lo, hi)
         self._log("bind", name, spec.nbytes, self.storage.data_ptr() + lo)
-        numel = 1
-        for size in spec.shape:
-            numel *= size
         element = torch.empty((), dtype=spec.dtype).element_size()
-        return self.storage[lo : lo + numel * element].view(spec.dtype).view(spec.shape)
+        return self.storage[lo : lo + numel(spec.shape) * element].view(spec.dtype).view(spec.shape)
 
     def release(self, *names: str) -> None:
         for name in names:
@@ -155,7 +154,7 @@ class WorkspaceKcp:
         device: torch.device | str | None = None,
     ) -> None:
         self.options = options or OptionsKcp()
-        self.key = (id(ctx), H_qk, HV, K, V, dtype if dtype == torch.float64 else torch.float32, self.options)
+        self.key = (id(ctx), H_qk, HV, K, V, compute_dtype(dtype), self.options)
         self.layout: WorkspaceLayout = gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
         self.storage = torch.empty(self.layout.bytes, dtype=torch.uint8, device=device)
         self.nbytes = self.layout.bytes

@@ -1,7 +1,7 @@
 """Program implementations of gdn_kcp, one file per program and backend.
 
-Installed as ``gdn_kcp.kernels``. Every backend (``torch``, later ``triton`` and
-``cute``) exposes the same programs with the same signatures: tensors in,
+Installed as ``gdn_kcp.kernels``. Every backend (``torch``, ``triton``; ``cute``
+later) exposes the same programs with the same signatures: tensors in,
 results written into buffers handed to the program, a :class:`ChunkIndex` of
 int32 tensors, and Python ints that are shape facts.
 """

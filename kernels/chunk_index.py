@@ -21,9 +21,6 @@ CROSSING_IN = 1
 CROSSING_OUT = 2
 """Fragment flag: the document continues on a later rank."""
 
-CHUNK_ROWS = ("chunk_start", "chunk_len", "chunk_frag")
-FRAG_ROWS = ("frag_start", "frag_len", "frag_first_chunk", "frag_n_chunks", "frag_doc", "frag_flags")
-
 
 @dataclass(frozen=True)
 class ChunkIndex:

@@ -131,3 +131,37 @@ def test_one_rank_equals_chunk_gated_delta_rule():
     o = gdn_kcp(*inputs, ctx, use_qk_l2norm=True)
     ref, _ = chunk_gated_delta_rule(*inputs, cu_seqlens=bounds, use_qk_l2norm_in_kernel=True)
     assert torch.equal(o, ref)
+
+
+def test_context_input_checks():
+    with pytest.raises(ValueError, match=r"cu_seqlens_global must be a 1-D tensor \[N \+ 1\], got shape \(1, 2\)"):
+        build_kcp_context(torch.tensor([[0, 5]]))
+    with pytest.raises(TypeError, match=r"cu_seqlens_global must be int32 or int64, got torch.float32"):
+        build_kcp_context(torch.tensor([0.0, 5.0]))
+    with pytest.raises(ValueError, match=r"cu_seqlens_global must be non-decreasing"):
+        build_kcp_context([0, 5, 3])
+    with pytest.raises(TypeError, match=r"cu_seqlens_global must be a torch.Tensor or a list of ints"):
+        build_kcp_context("0,5")
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError):
+        OptionsKcp(True, "full")
+
+
+def test_index_on_another_device_than_q():
+    ctx = build_kcp_context([0, 20, 40])
+    q, k, v, g, beta = (x.to("meta") for x in make_inputs(40, 1, 2, 8, 8))
+    with pytest.raises(ValueError, match=r"the context's index is on cpu but q is on meta"):
+        gdn_kcp(q, k, v, g, beta, ctx)
+
+
+def test_ops_refuse_non_contiguous_inputs():
+    import gdn_kcp.ops  # noqa: F401
+
+    ctx = build_kcp_context([0, 40])
+    q, k, v, g, beta = (x[0].float() for x in make_inputs(40, 1, 2, 8, 8))
+    wide = torch.zeros(40, 2, 16)[..., :8]  # every row strided by 32
+    with pytest.raises(ValueError, match=r"v must be contiguous, got strides \(32, 16, 1\)"):
+        torch.ops.gdn_kcp.fwd(q, k, wide, g, beta, None, torch.empty(1 << 20, dtype=torch.uint8),
+                              ctx.index.chunk_table, ctx.index.frag_table, ctx.meta, "", OptionsKcp().op_arg, 0.3, 0)

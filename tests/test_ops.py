@@ -14,6 +14,7 @@ from ops_cases import all_op_checks, checkpoint_equals_plain, compiled_equals_ea
 from spawn import spawn_ranks
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gdn_kcp import OptionsKcp, WorkspaceKcp, build_kcp_context, gdn_workspace_layout_kcp
 
@@ -36,9 +37,24 @@ def test_two_rank_group():
     spawn_ranks(2, all_op_checks)
 
 
-def training_step_peak(caller_workspace: bool) -> dict:
+class WorkspaceAllocations(TorchDispatchMode):
+    """Records the sizes of the uint8 buffers allocated (the per-call workspaces)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.empty.memory_format and kwargs.get("dtype") == torch.uint8:
+            self.sizes.append(list(args[0]))
+        return func(*args, **kwargs)
+
+
+def training_step(caller_workspace: bool) -> tuple[dict, list]:
     """Peak memory of one training step (forward, backward, optimizer) as
-    MemTracker sees it; the same code runs real or under FakeTensorMode."""
+    MemTracker sees it, and the workspaces allocated in it; the same code runs
+    real or under FakeTensorMode."""
     torch.manual_seed(0)
     ctx = build_kcp_context([0, 50, 50, 130])  # a list: no tensor data read under fake mode
     options = OptionsKcp(use_qk_l2norm=True)
@@ -48,26 +64,27 @@ def training_step_peak(caller_workspace: bool) -> dict:
     x = torch.randn(1, 130, 32)
     tracker = MemTracker()
     tracker.track_external(layer, optimizer, *([workspace.storage] if workspace is not None else []))
-    with tracker:
+    with tracker, WorkspaceAllocations() as allocations:
         layer(x).square().sum().backward()
         optimizer.step()
-    return {str(key): value for key, value in tracker.get_tracker_snapshot("peak")[torch.device("cpu")].items()}
+    peak = {str(key): value for key, value in tracker.get_tracker_snapshot("peak")[torch.device("cpu")].items()}
+    return peak, allocations.sizes
 
 
 @pytest.mark.parametrize("caller_workspace", [False, True])
 def test_fake_tensor_memory_tracing_equals_the_real_run(caller_workspace):
-    real = training_step_peak(caller_workspace)
+    real, real_workspaces = training_step(caller_workspace)
     with FakeTensorMode():
-        fake = training_step_peak(caller_workspace)
+        fake, fake_workspaces = training_step(caller_workspace)
     assert fake == real
+    assert fake_workspaces == real_workspaces
     layout = gdn_workspace_layout_kcp(build_kcp_context([0, 50, 50, 130]), 2, 4, 16, 16,
                                       options=OptionsKcp(use_qk_l2norm=True))
-    if caller_workspace:  # the held arena is exactly the queried bytes
+    if caller_workspace:  # the held arena, tracked for the whole step, is exactly the queried bytes
         assert real["_MemRefType.OTH"] == layout.bytes
-    else:  # each call's own arena is a temporary: the backward's is live at the peak
-        held = training_step_peak(True)
-        assert real["_MemRefType.TEMP"] - held["_MemRefType.TEMP"] == layout.bwd.bytes
-        assert real["Total"] == held["Total"]
+        assert real_workspaces == []
+    else:  # each call allocates its own arena of its queried figure, in traced code
+        assert real_workspaces == [[layout.fwd.bytes], [layout.bwd.bytes]]
 
 
 CALL_PATH = ["gdn_kcp/ops", "gdn_kcp/fake", "gdn_kcp/host", "gdn_kcp/exchange", "gdn_kcp/queries",

@@ -13,7 +13,8 @@ from gdn_kcp.context import context_from_meta
 from gdn_kcp.ops import library
 from gdn_kcp.options import options_from_str
 from gdn_kcp.queries.layout import gdn_saved_layout_kcp
-from gdn_kcp.queries.shapes import SAVED_NAMES, compute_dtype
+from gdn_kcp.dtypes import compute_dtype
+from gdn_kcp.queries.shapes import SAVED_NAMES
 
 
 @library.fwd.register_fake

@@ -17,6 +17,7 @@ from gdn_kcp.exchange import forward_a2a, forward_ring
 from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.options import OptionsKcp, save_plan
 from gdn_kcp.queries.layout import SavedSpec
+from gdn_kcp.queries.shapes import norm_tapes
 from gdn_kcp.workspace import Arena
 
 from .programs import programs_for
@@ -87,7 +88,7 @@ class Call:
 
     @property
     def norms(self) -> tuple[str, ...]:
-        return ("q_rstd", "k_rstd") if self.options.use_qk_l2norm else ()
+        return norm_tapes(self.options)
 
 
 def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) -> ForwardTapes:

@@ -13,7 +13,7 @@ import torch
 from gdn_kcp.context import KcpContext, context_from_meta
 from gdn_kcp.options import OptionsKcp, options_from_str
 from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
-from gdn_kcp.queries.shapes import compute_dtype
+from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.workspace import WorkspaceKcp
 
 from . import library  # noqa: F401  (registers the ops)
@@ -74,17 +74,39 @@ class GdnFunction(torch.autograd.Function):
             workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
         dq, dk, dv, dg, dbeta, d_initial = torch.ops.gdn_kcp.bwd(
-            do.contiguous(), d_final_state if n_final_states else None, q, k, v, g, beta, initial_state, saved,
+            do.contiguous(), d_final_state.contiguous() if n_final_states else None, q, k, v, g, beta,
+            initial_state, saved,
             workspace, chunk_table, frag_table, list(meta), group_name, options, scale, needs_d_initial,
         )
         return (dq, dk, dv, dg, dbeta, d_initial if needs_d_initial else None,
                 None, None, None, None, None, None, None, None)
 
 
+MAX_HEAD_DIM_TRITON = 128
+"""K and V of the Triton programs: one tile of a head dim per program (the
+sm_90 compile check holds bwd_dqkwg at 212,992 B of shared memory at 128)."""
+
+
 def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
               n_final_states: int, workspace: WorkspaceKcp | None):
-    """Run the ops on token-layout tensors for rank ``ctx.rank``: ``(o, final_state)``."""
+    """Run the ops on token-layout tensors for rank ``ctx.rank``: ``(o, final_state)``.
+    Inputs are made contiguous here, in traced code: the programs address rows
+    as ``(t * H + h) * D``."""
     index = ctx.index if q.device.type == "cpu" else ctx.device_index
+    if index.chunk_table.device != q.device:
+        raise ValueError(
+            f"the context's index is on {index.chunk_table.device} but q is on {q.device}: "
+            f"build the context with build_kcp_context(..., device={str(q.device)!r})"
+        )
+    if workspace is not None and workspace.storage.device != q.device:
+        raise ValueError(f"workspace is on {workspace.storage.device} but q is on {q.device}")
+    if q.device.type == "cuda" and max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM_TRITON:
+        raise ValueError(
+            f"the CUDA programs take K, V <= {MAX_HEAD_DIM_TRITON}, got K = {q.shape[2]}, V = {v.shape[2]}"
+        )
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
     return GdnFunction.apply(
         q, k, v, g, beta, initial_state, None if workspace is None else workspace.storage,
         index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options.op_arg, scale,

@@ -3,9 +3,10 @@
 Each takes the workspace as a mutated argument (uint8, at least the call's
 figure), the context as its two int32 index tables plus ``meta`` ints
 (:attr:`KcpContext.meta`), the process group by name, and the options as a
-string. The kernels run the host path; the CPU kernel over the torch programs.
-The CUDA registration runs the same host path today; the Triton programs plug
-in there. Fake kernels live in :mod:`gdn_kcp.fake`.
+string. The kernels run the host path: over the torch programs on the CPU, over the
+Triton programs on CUDA (:mod:`gdn_kcp.host.programs`). Every tensor must be
+contiguous (the programs address rows as ``(t * H + h) * D``); the autograd
+layer makes them so. Fake kernels live in :mod:`gdn_kcp.fake`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,17 @@ from gdn_kcp.context import context_from_meta
 from gdn_kcp.host import Buffers, Call, host_backward, host_forward
 from gdn_kcp.options import options_from_str
 from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
-from gdn_kcp.queries.shapes import SAVED_NAMES, compute_dtype
+from gdn_kcp.dtypes import compute_dtype
+from gdn_kcp.queries.shapes import SAVED_NAMES
 from gdn_kcp.workspace import Arena
 
 DEVICES = ("cpu", "cuda")
+
+
+def check_contiguous(**tensors: Tensor | None) -> None:
+    for name, tensor in tensors.items():
+        if tensor is not None and not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {tuple(tensor.stride())}")
 
 
 def op_call(q: Tensor, v: Tensor, chunk_table, frag_table, meta, group_name, options, scale) -> Call:
@@ -45,6 +53,7 @@ def fwd(
     ``[T, HV]``; initial_state ``[N, HV, K, V]`` or None. Returns o
     ``[T, HV, V]``, the final states ``[n_final_states, HV, K, V]`` and one
     tensor per name of ``SAVED_NAMES`` (empty when the options keep none)."""
+    check_contiguous(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale)
     H_qk = q.shape[1]
     saved_layout = gdn_saved_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=q.dtype, options=call.options)
@@ -70,6 +79,7 @@ def bwd(
     """One rank's backward: ``(dq, dk, dv, dg, dbeta, d_initial_state)``, the
     last empty unless ``needs_d_initial``. ``saved`` is what :func:`fwd`
     returned after o and the final states, in ``SAVED_NAMES`` order."""
+    check_contiguous(do=do, d_final_state=d_final_state, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale)
     H_qk = q.shape[1]
     saved_layout = gdn_saved_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=q.dtype, options=call.options)

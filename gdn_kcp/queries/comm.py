@@ -25,6 +25,7 @@ from dataclasses import replace
 import torch
 
 from gdn_kcp.context import KcpContext
+from gdn_kcp.dtypes import compute_element_size
 from gdn_kcp.options import OptionsKcp, save_plan
 
 COLLECTIVES = ("c1", "c2", "b1", "b2")
@@ -68,11 +69,6 @@ def ring_elements(ctx: KcpContext, collective: str, HV: int, K: int, V: int, *, 
     return 0, 0
 
 
-def _element_size(dtype: torch.dtype) -> int:
-    """Boundary states travel in the compute dtype: fp64 for fp64 inputs, else fp32."""
-    return 8 if dtype == torch.float64 else 4
-
-
 def gdn_comm_bytes_kcp(
     ctx: KcpContext,
     HV: int,
@@ -100,7 +96,7 @@ def gdn_comm_bytes_kcp(
             raise ValueError(f"exchange={exchange!r} disagrees with options.exchange={options.exchange!r}")
         options = replace(options or OptionsKcp(), exchange=exchange)
     options = options or OptionsKcp()
-    size = _element_size(dtype)
+    size = compute_element_size(dtype)  # boundary states travel in the compute dtype
     out = {}
     for name in COLLECTIVES:
         if options.exchange == "ring":

@@ -15,10 +15,11 @@ from typing import Mapping
 import torch
 
 from gdn_kcp.context import KcpContext
+from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.options import OptionsKcp
 
 from .schedule import backward_events, forward_events
-from .shapes import Dims, compute_dtype, numel, pool_shapes, saved_shapes
+from .shapes import Dims, numel, pool_shapes, saved_shapes
 
 ALIGN = 256
 """Pool offsets are multiples of 256 bytes: every pool starts on a boundary

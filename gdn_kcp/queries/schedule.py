@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gdn_kcp.options import save_plan
 
-from .shapes import Dims
+from .shapes import Dims, norm_tapes
 
 
 class Events(list):
@@ -24,10 +24,6 @@ class Events(list):
 
     def release(self, *names: str) -> None:
         self.extend(("release", name) for name in names)
-
-
-def _norms(d: Dims) -> tuple[str, ...]:
-    return ("q_rstd", "k_rstd") if d.options.use_qk_l2norm else ()
 
 
 def _s_in_is_pool(d: Dims, call: str) -> bool:
@@ -105,7 +101,7 @@ def forward_events(d: Dims) -> Events:
     keeps_tapes = save_plan(d.options).keeps_tapes
     ev.phase("fwd.phase.prep")
     if not keeps_tapes:
-        ev.bind("gcum", "w", "v_new", *_norms(d))
+        ev.bind("gcum", "w", "v_new", *norm_tapes(d.options))
     if d.ctx.exchanges:
         _forward_exchange(ev, d, "fwd")
     ev.phase("fwd.phase.walk")
@@ -117,7 +113,7 @@ def forward_events(d: Dims) -> Events:
         ev.release("w")
     ev.phase("fwd.phase.output")
     if not keeps_tapes:
-        ev.release("gcum", "v_new", "h", *_norms(d))
+        ev.release("gcum", "v_new", "h", *norm_tapes(d.options))
     return ev
 
 
@@ -126,7 +122,7 @@ def backward_events(d: Dims) -> Events:
     plan = save_plan(d.options)
     if not plan.keeps_tapes:
         ev.phase("bwd.phase.prep")
-        ev.bind("gcum", "A", "w", "v_new", *_norms(d))
+        ev.bind("gcum", "A", "w", "v_new", *norm_tapes(d.options))
         if d.ctx.exchanges and plan.replays_boundary:
             _forward_exchange(ev, d, "bwd")
         ev.phase("bwd.phase.walk")
@@ -155,5 +151,5 @@ def backward_events(d: Dims) -> Events:
     ev.phase("bwd.phase.grads")
     ev.release("dgcum", "dq_heads", "dk_heads")
     if not plan.keeps_tapes:
-        ev.release(*_norms(d))
+        ev.release(*norm_tapes(d.options))
     return ev

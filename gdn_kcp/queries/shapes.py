@@ -26,9 +26,9 @@ SAVED_NAMES = (*TAPES, "s_in", "m", "owner_m")
 (the ones an option set does not save come back empty)."""
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp64 inputs run in fp64 (the oracle's precision); all others in fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def norm_tapes(options: OptionsKcp) -> tuple[str, ...]:
+    """The q/k reciprocal-norm tapes a call with these options writes."""
+    return ("q_rstd", "k_rstd") if options.use_qk_l2norm else ()
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def saved_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     saved: dict[str, tuple[int, ...]] = {}
     if plan.keeps_tapes:
         for name in TAPES:
-            if name in ("q_rstd", "k_rstd") and not d.options.use_qk_l2norm:
+            if name in ("q_rstd", "k_rstd") and name not in norm_tapes(d.options):
                 continue
             saved[name] = pools[name]
     if d.ctx.exchanges:

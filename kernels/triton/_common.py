@@ -153,3 +153,16 @@ def walk_operands(k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, hk, HV, h,
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     b_w = load_rows_cols(w, tok, m_t, HV, h, K, 0, BK, ACC)
     return tok, m_t, G, b_w, tl.exp(last - G)[:, None] * b_k, tl.exp(last)
+
+
+@triton.jit
+def chunk_scores(q, k, gcum, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
+                 BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
+    """Chunk ``c`` of head ``h``: rows, gates, q, and the decayed causal scores
+    ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (output and local dv read them)."""
+    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
+    tok = start + o_t
+    G, _ = load_gates(gcum, tok, length, start, HV, h, ACC)
+    b_q = load_qk(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
+    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
+    return tok, m_t, G, b_q, dot(b_q, tl.trans(b_k)) * causal_decay(G, False)

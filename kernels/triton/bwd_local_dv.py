@@ -8,8 +8,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk,
-                      load_rows_cols, store_rows_cols, value_block)
+from ._common import BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, store_rows_cols, value_block
 
 
 @triton.jit
@@ -21,12 +20,8 @@ def bwd_local_dv_kernel(
     i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
-    tok = start + o_t
-    G, _ = load_gates(gcum, tok, length, start, HV, i_h, ACC)
-    b_q = load_qk(q, q_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
-    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
-    scores = dot(b_q, tl.trans(b_k)) * causal_decay(G, False)
+    tok, m_t, _, _, scores = chunk_scores(q, k, gcum, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk, i_hk,
+                                          HV, i_h, K, BT, BK, HAS_NORM, ACC)
     b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
     store_rows_cols(dv, scale * dot(tl.trans(scores), b_do), tok, m_t, HV, i_h, V, col, BV)
 

@@ -3,7 +3,7 @@
 
     python -m gdn_kcp.kernels.triton.compile_specs [--arch 90] [--K 128] [--V 128]
 
-prints one JSON line per kernel with its shared memory and registers (run it
+prints one JSON line per kernel with its shared memory and warps (run it
 with ``TRITON_INTERPRET`` unset: the interpreter has nothing to compile).
 """
 
@@ -91,7 +91,7 @@ def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
 
 
 def compile_all(arch: int, K: int = 128, V: int = 128) -> list[dict]:
-    """Compile every kernel for ``sm_<arch>``; shared memory (bytes) and registers."""
+    """Compile every kernel for ``sm_<arch>``: shared memory (bytes) and warps."""
     target = GPUTarget("cuda", arch, 32)
     out = []
     for name, kernel, constexprs in kernels(K, V):
