@@ -19,7 +19,7 @@ def three_steps(rank: int, R: int, graph: str) -> None:
     workspace = WorkspaceKcp(ctx, H_QK, HV, K, V, dtype=torch.float32, options=options)
     storage = workspace.storage.data_ptr()
     inputs = [x[:, start:end] for x in make_inputs(200, H_QK, HV, K, V, dtype=torch.float32, l2=True)]
-    results, addresses = [], []
+    results = []
     with record_workspace() as record:
         for _ in range(3):
             leaves = [x.clone().requires_grad_() for x in inputs]

@@ -84,7 +84,7 @@ def host_backward(
         if replayed and s_in is not None:
             arena.release("s_in")
 
-    T, HV, K, V = q.shape[0], call.HV, call.K, call.V
+    HV, K, V = call.HV, call.K, call.V
     qk_norms = dict(q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd)
     arena.phase("bwd.phase.local_dv")
     dv_new = arena.bind("dv_new")  # the local dv until the adjoint walk completes it

@@ -41,6 +41,14 @@ def check_workspace(workspace: object, ctx: KcpContext, H_qk: int, HV: int, K: i
         raise ValueError(f"workspace was made for another call ({'; '.join(diffs)})")
 
 
+def call_workspace(workspace, meta: tuple, q, v, options: str, which: str):
+    """The caller's workspace, or one of the ``which`` call's queried bytes."""
+    if workspace is not None:
+        return workspace
+    nbytes = workspace_nbytes(meta, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, options, which)
+    return torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+
+
 class GdnFunction(torch.autograd.Function):
     """Forward and backward ops; the backward is explicit (no autograd through
     the forward)."""
@@ -48,14 +56,8 @@ class GdnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta: tuple,
                 group_name: str, options: str, scale: float, n_final_states: int):
-        shapes = (q.shape[1], v.shape[1], q.shape[2], v.shape[2])
-        if workspace is None:
-            nbytes = workspace_nbytes(meta, *shapes, q.dtype, options, "fwd")
-            fwd_workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
-        else:
-            fwd_workspace = workspace
         o, final_state, *saved = torch.ops.gdn_kcp.fwd(
-            q, k, v, g, beta, initial_state, fwd_workspace, chunk_table, frag_table, list(meta), group_name,
+            q, k, v, g, beta, initial_state, call_workspace(workspace, meta, q, v, options, "fwd"), chunk_table, frag_table, list(meta), group_name,
             options, scale, n_final_states,
         )
         ctx.save_for_backward(q, k, v, g, beta, initial_state, chunk_table, frag_table, *saved)
@@ -68,10 +70,7 @@ class GdnFunction(torch.autograd.Function):
     def backward(ctx, do, d_final_state):
         q, k, v, g, beta, initial_state, chunk_table, frag_table, *saved = ctx.saved_tensors
         meta, group_name, options, scale, n_final_states = ctx.args
-        workspace = ctx.workspace
-        if workspace is None:
-            nbytes = workspace_nbytes(meta, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, options, "bwd")
-            workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        workspace = call_workspace(ctx.workspace, meta, q, v, options, "bwd")
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
         dq, dk, dv, dg, dbeta, d_initial = torch.ops.gdn_kcp.bwd(
             do.contiguous(), d_final_state.contiguous() if n_final_states else None, q, k, v, g, beta,

@@ -33,14 +33,17 @@ def check_contiguous(**tensors: Tensor | None) -> None:
             raise ValueError(f"{name} must be contiguous, got strides {tuple(tensor.stride())}")
 
 
-def op_call(q: Tensor, v: Tensor, chunk_table, frag_table, meta, group_name, options, scale) -> Call:
+def op_setup(q: Tensor, v: Tensor, workspace: Tensor, chunk_table, frag_table, meta, group_name, options, scale,
+             which: str) -> tuple[Call, dict, Buffers]:
+    """The call, its saved layout and its buffers (the ``which`` call's arena
+    over ``workspace``), rebuilt from the op's arguments."""
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
-    return Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale)
-
-
-def op_arena(call: Call, H_qk: int, dtype: torch.dtype, workspace: Tensor, which: str) -> Arena:
-    layout = gdn_workspace_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=dtype, options=call.options)
-    return Arena(workspace, getattr(layout, which), graph=call.options.graph == "replay")
+    call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale)
+    shapes = (q.shape[1], call.HV, call.K, call.V)
+    saved_layout = gdn_saved_layout_kcp(ctx, *shapes, dtype=q.dtype, options=call.options)
+    layout = gdn_workspace_layout_kcp(ctx, *shapes, dtype=q.dtype, options=call.options)
+    arena = Arena(workspace, getattr(layout, which), graph=call.options.graph == "replay")
+    return call, saved_layout, Buffers(arena, saved_layout, q.device, saving=which == "fwd")
 
 
 @torch.library.custom_op("gdn_kcp::fwd", mutates_args=("workspace",), device_types=DEVICES)
@@ -54,10 +57,8 @@ def fwd(
     ``[T, HV, V]``, the final states ``[n_final_states, HV, K, V]`` and one
     tensor per name of ``SAVED_NAMES`` (empty when the options keep none)."""
     check_contiguous(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
-    call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale)
-    H_qk = q.shape[1]
-    saved_layout = gdn_saved_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=q.dtype, options=call.options)
-    buffers = Buffers(op_arena(call, H_qk, q.dtype, workspace, "fwd"), saved_layout, q.device, saving=True)
+    call, saved_layout, buffers = op_setup(q, v, workspace, chunk_table, frag_table, meta, group_name, options,
+                                           scale, "fwd")
     o, final_state = host_forward(
         q, k, v, g, beta, call, buffers, initial_state=initial_state, n_final_states=n_final_states or None
     )
@@ -80,10 +81,8 @@ def bwd(
     last empty unless ``needs_d_initial``. ``saved`` is what :func:`fwd`
     returned after o and the final states, in ``SAVED_NAMES`` order."""
     check_contiguous(do=do, d_final_state=d_final_state, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
-    call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale)
-    H_qk = q.shape[1]
-    saved_layout = gdn_saved_layout_kcp(call.ctx, H_qk, call.HV, call.K, call.V, dtype=q.dtype, options=call.options)
-    buffers = Buffers(op_arena(call, H_qk, q.dtype, workspace, "bwd"), saved_layout, q.device, saving=False)
+    call, saved_layout, buffers = op_setup(q, v, workspace, chunk_table, frag_table, meta, group_name, options,
+                                           scale, "bwd")
     kept = {name: tensor for name, tensor in zip(SAVED_NAMES, saved) if name in saved_layout}
     grads = host_backward(
         q, k, v, g, beta, do, call, buffers, kept,
