@@ -9,6 +9,7 @@ import torch
 from gdn_kcp.context import KcpContext
 from gdn_kcp.ops import apply_gdn, check_workspace
 from gdn_kcp.options import OptionsKcp
+from gdn_kcp.rank_check import check_ranks_agree
 from gdn_kcp.validate import check_gdn_inputs
 from gdn_kcp.workspace import WorkspaceKcp
 
@@ -58,6 +59,7 @@ def gdn_kcp(
         o = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
                     g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm=True)
     """
+    check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm, workspace=workspace)
     if not isinstance(ctx, KcpContext):
         raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
     options = resolve_options(options, use_qk_l2norm)
