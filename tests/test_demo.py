@@ -1,0 +1,34 @@
+"""``python -m gdn_kcp demo`` runs where numpy is not installed (numpy is a test
+extra, not a dependency): a fresh ``make demo`` venv has none."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def no_numpy_env(tmp_path) -> dict[str, str]:
+    """The environment with a ``numpy`` package first on the path whose import
+    fails as a missing one does; spawned processes inherit it."""
+    blocker = tmp_path / "numpy"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_demo_runs_without_numpy(tmp_path):
+    env = no_numpy_env(tmp_path)
+    probe = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'numpy'" in probe.stderr
+    # Small sizes; the KCP part spawns its 2 rank processes, which gather their reports.
+    argv = ["-m", "gdn_kcp", "demo", "--ranks", "2", "--kcp-tokens", "64", "--steps", "1", "--tokens", "64"]
+    run = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("KCP: 64 packed tokens")
+    rows = [line for line in lines if line.split()[:2] in (["0", "0-32"], ["1", "32-64"])]
+    assert len(rows) == 4 and all(line.endswith("yes") for line in rows), run.stdout  # two per exchange
+    assert lines[-2] == "max |chunked fp32 - naive fp64 oracle| on the trained layer:"
