@@ -1,34 +1,52 @@
 """``python -m gdn_kcp demo`` (the demo) and ``python -m gdn_kcp budget`` (bytes
-per rank before a launch); see README.md."""
+per rank before a launch); see README.md. Every argument is checked before
+anything runs or prints: a bad one exits with status 2 and a message naming it."""
 
 from __future__ import annotations
 
 import argparse
 
 from gdn_kcp.budget import add_arguments, run_budget
+from gdn_kcp.cli_args import int_in, non_negative_int, positive_int
 from gdn_kcp.demo import run_demo
 from gdn_kcp.demo_kcp import run_kcp_demo
 
+MAX_DEMO_RANKS = 64
+"""The KCP demo starts one process per rank on this machine."""
 
-def main(argv: list[str] | None = None) -> None:
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and its two subcommand parsers (``"demo"``, ``"budget"``)."""
     parser = argparse.ArgumentParser(prog="python -m gdn_kcp")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="KCP over R CPU processes against one rank, then train a small GDN layer on CPU"
     )
-    demo.add_argument("--ranks", type=int, default=4, help="processes of the KCP run (gloo)")
-    demo.add_argument("--kcp-tokens", type=int, default=4096)
-    demo.add_argument("--steps", type=int, default=60, help="training steps of the single-rank layer")
-    demo.add_argument("--tokens", type=int, default=1024, help="tokens per training batch")
+    demo.add_argument("--ranks", type=int_in(1, MAX_DEMO_RANKS), default=4,
+                      help=f"processes of the KCP run (gloo), 1 to {MAX_DEMO_RANKS}")
+    demo.add_argument("--kcp-tokens", type=positive_int, default=4096,
+                      help="packed tokens of the KCP run, at least --ranks (every rank holds a token)")
+    demo.add_argument("--steps", type=non_negative_int, default=60, help="training steps of the single-rank layer")
+    demo.add_argument("--tokens", type=positive_int, default=1024, help="tokens per training batch")
     budget = commands.add_parser("budget", help="bytes every rank will hold, from the byte queries")
     add_arguments(budget)
+    return parser, {"demo": demo, "budget": budget}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser, commands = build_parser()
     args = parser.parse_args(argv)
     if args.command == "budget":
         try:
             run_budget(args)
         except ValueError as error:
-            parser.error(str(error))
+            commands["budget"].error(str(error))
     if args.command == "demo":
+        if args.kcp_tokens < args.ranks:
+            commands["demo"].error(
+                f"argument --kcp-tokens: must be at least --ranks = {args.ranks} (every rank holds a token), "
+                f"got {args.kcp_tokens}"
+            )
         run_kcp_demo(R=args.ranks, T=args.kcp_tokens)
         print()
         run_demo(steps=args.steps, T=args.tokens)

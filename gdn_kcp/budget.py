@@ -13,6 +13,7 @@ import random
 
 import torch
 
+from gdn_kcp.cli_args import length_list, positive_int
 from gdn_kcp.context import check_ranges, context_from_split, default_ranges
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.queries import COLLECTIVES, gdn_comm_bytes_kcp, gdn_saved_layout_kcp, gdn_workspace_layout_kcp
@@ -21,16 +22,18 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, help="T of the packed stream (default: the sum of --docs)")
-    parser.add_argument("--ranks", type=int, default=1, help="R, ranks of the group")
-    parser.add_argument("--docs", help="document lengths, comma-separated (default: random, see --n-docs)")
-    parser.add_argument("--n-docs", type=int, default=8, help="documents of the random packing")
+    parser.add_argument("--tokens", type=positive_int, help="T of the packed stream (default: the sum of --docs)")
+    parser.add_argument("--ranks", type=positive_int, default=1, help="R, ranks of the group")
+    parser.add_argument("--docs", type=length_list,
+                        help="document lengths, comma-separated (default: random, see --n-docs)")
+    parser.add_argument("--n-docs", type=positive_int, default=8, help="documents of the random packing")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random packing")
-    parser.add_argument("--rank-tokens", help="tokens per rank, comma-separated (default: even split)")
-    parser.add_argument("--hq", type=int, default=16, help="H_qk, key heads")
-    parser.add_argument("--hv", type=int, default=32, help="HV, value heads")
-    parser.add_argument("--k", type=int, default=128, help="K, key head dim")
-    parser.add_argument("--v", type=int, default=128, help="V, value head dim")
+    parser.add_argument("--rank-tokens", type=length_list,
+                        help="tokens per rank, comma-separated (default: even split)")
+    parser.add_argument("--hq", type=positive_int, default=16, help="H_qk, key heads")
+    parser.add_argument("--hv", type=positive_int, default=32, help="HV, value heads (a multiple of --hq)")
+    parser.add_argument("--k", type=positive_int, default=128, help="K, key head dim")
+    parser.add_argument("--v", type=positive_int, default=128, help="V, value head dim")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype")
     parser.add_argument("--save-mode", choices=("light", "full"), default="light")
     parser.add_argument("--boundary-mode", choices=("saved", "replay"), default="saved")
@@ -41,22 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--l2", action="store_true", help="in-kernel q/k L2 norm")
 
 
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
-    if any(x < 0 for x in values):
-        raise ValueError(f"{name} must not be negative, got {text!r}")
-    return values
-
-
 def packing(args: argparse.Namespace) -> list[int]:
     """Document bounds ``[0, ..., T]`` from --docs, or a seeded random packing of --tokens."""
     if args.docs is not None:
-        lengths = _ints(args.docs, "--docs")
+        lengths = args.docs
+        if sum(lengths) == 0:
+            raise ValueError(f"argument --docs: the documents hold no token, got {args.docs}")
         if args.tokens is not None and sum(lengths) != args.tokens:
-            raise ValueError(f"--docs add up to {sum(lengths)} tokens, --tokens says {args.tokens}")
+            raise ValueError(
+                f"argument --docs: the lengths add up to {sum(lengths)} tokens, --tokens says {args.tokens}"
+            )
     else:
         T = 32768 if args.tokens is None else args.tokens
         rng = random.Random(args.seed)
@@ -68,20 +65,32 @@ def packing(args: argparse.Namespace) -> list[int]:
     return bounds
 
 
+def rank_ranges(args: argparse.Namespace, T: int) -> list[tuple[int, int]]:
+    """--rank-tokens as contiguous ranges, or the even split."""
+    if args.rank_tokens is None:
+        return default_ranges(T, args.ranks)
+    if len(args.rank_tokens) != args.ranks:
+        raise ValueError(f"argument --rank-tokens: lists {len(args.rank_tokens)} ranks, --ranks says {args.ranks}")
+    if sum(args.rank_tokens) != T:
+        raise ValueError(f"argument --rank-tokens: adds up to {sum(args.rank_tokens)} tokens, the stream has T = {T}")
+    edges = [0]
+    for length in args.rank_tokens:
+        edges.append(edges[-1] + length)
+    return check_ranges(list(zip(edges, edges[1:])), T, args.ranks)
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes:>15,d} B {nbytes / 2**20:10.2f} MiB"
 
 
 def run_budget(args: argparse.Namespace) -> None:
+    """Print the budget of every rank. Every figure is computed before the first
+    line is printed, so a bad combination raises ``ValueError`` with no output."""
+    if args.hv % args.hq:
+        raise ValueError(f"argument --hv: HV = {args.hv} must be a multiple of --hq = {args.hq}")
     bounds = packing(args)
     T, R = bounds[-1], args.ranks
-    if args.rank_tokens is not None:
-        edges = [0]
-        for length in _ints(args.rank_tokens, "--rank-tokens"):
-            edges.append(edges[-1] + length)
-        ranges = check_ranges([(a, b) for a, b in zip(edges, edges[1:])], T, R)
-    else:
-        ranges = default_ranges(T, R)
+    ranges = rank_ranges(args, T)
     options = OptionsKcp(
         save_mode=args.save_mode, boundary_mode=args.boundary_mode, save_transfer=args.save_transfer,
         save_for_backward=not args.no_save_for_backward, graph=args.graph, exchange=args.exchange,
@@ -89,14 +98,19 @@ def run_budget(args: argparse.Namespace) -> None:
     )
     dtype = DTYPES[args.dtype]
     shapes = (args.hq, args.hv, args.k, args.v)
+    ranks = []
+    for rank in range(R):
+        ctx = context_from_split(bounds, ranges, rank)
+        ranks.append((
+            ctx,
+            gdn_workspace_layout_kcp(ctx, *shapes, dtype=dtype, options=options),
+            gdn_saved_layout_kcp(ctx, *shapes, dtype=dtype, options=options),
+            gdn_comm_bytes_kcp(ctx, args.hv, args.k, args.v, dtype=dtype, options=options),
+        ))
     print(f"budget: T = {T} tokens in {len(bounds) - 1} documents over R = {R} ranks; "
           f"H_qk = {args.hq}, HV = {args.hv}, K = {args.k}, V = {args.v}, {args.dtype} inputs")
     print(f"  {options}")
-    for rank in range(R):
-        ctx = context_from_split(bounds, ranges, rank)
-        layout = gdn_workspace_layout_kcp(ctx, *shapes, dtype=dtype, options=options)
-        saved = gdn_saved_layout_kcp(ctx, *shapes, dtype=dtype, options=options)
-        comm = gdn_comm_bytes_kcp(ctx, args.hv, args.k, args.v, dtype=dtype, options=options)
+    for rank, (ctx, layout, saved, comm) in enumerate(ranks):
         start, end = ranges[rank]
         flags = f"n_in={ctx.n_in} n_out={ctx.n_out} middle={ctx.rank_middle[rank]}"
         print(f"\nrank {rank}: tokens [{start}, {end}), {ctx.n_frag} fragments, {ctx.index.n_chunks} chunks, {flags}")
