@@ -29,7 +29,7 @@ class OptionsKcp:
         torch programs have no atomics and a fixed reduction order, so both
         values run the same path today; the ``gdn_det_*`` queries give its bytes.
     save_mode: ``"light"`` keeps no tape (the backward recomputes prep and the
-        tape walk); ``"full"`` keeps the forward tapes (gcum, A, w, v_new, h and
+        tape walk); ``"full"`` keeps the forward tapes (A, w, v_new, h and
         the q/k norms) and the backward recomputes nothing.
     boundary_mode: ``"saved"`` keeps the start state ``S_in`` of the crossing-in
         fragment (and a middle rank's M) for the backward; ``"replay"`` keeps

@@ -35,43 +35,43 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
 
     out: dict[str, torch.Tensor] = {}
     norms = dict(q_rstd=new(T, H_qk), k_rstd=new(T, H_qk)) if l2 else dict(q_rstd=None, k_rstd=None)
-    out.update(gcum=new(T, HV), A=new(T, HV, CHUNK_SIZE), w=new(T, HV, K), u=new(T, HV, V))
-    programs.prep(q, k, v, g, beta, index, gcum_out=out["gcum"], A_out=out["A"], w_out=out["w"], u_out=out["u"],
+    out.update(A=new(T, HV, CHUNK_SIZE), w=new(T, HV, K), u=new(T, HV, V))
+    programs.prep(q, k, v, g, beta, index, A_out=out["A"], w_out=out["w"], u_out=out["u"],
                   q_rstd_out=norms["q_rstd"], k_rstd_out=norms["k_rstd"])
     if l2:
         out.update(norms)
     summary = new(1, HV, K, V + K)  # [S_loc | M] as one pool, written through column views
-    programs.summary_walk(k, out["w"], out["u"], out["gcum"], index, k_rstd=norms["k_rstd"],
+    programs.summary_walk(k, out["w"], out["u"], g, index, k_rstd=norms["k_rstd"],
                           s_loc_out=summary[..., :V], m_out=summary[..., V:])
     out["summary"] = summary
     state0 = randn(N, HV, K, V)
     s_in = randn(1, HV, K, V) if crossing else None
     out.update(h=new(index.n_chunks, HV, K, V), v_new=out["u"].clone(), final=new(N, HV, K, V))
-    programs.tape_walk(k, out["w"], out["v_new"], out["gcum"], index, k_rstd=norms["k_rstd"],
+    programs.tape_walk(k, out["w"], out["v_new"], g, index, k_rstd=norms["k_rstd"],
                        initial_state=state0, s_in=s_in, h_out=out["h"], v_new_out=out["v_new"],
                        final_state_out=out["final"])
     out["o"] = torch.zeros(T, HV, V, dtype=dtype, device=device)
     scale = K**-0.5
-    programs.output(q, k, out["gcum"], out["h"], out["v_new"], index, scale=scale, o_out=out["o"], **norms)
+    programs.output(q, k, g, out["h"], out["v_new"], index, scale=scale, o_out=out["o"], **norms)
 
     do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
     out["dv_local"] = new(T, HV, V)
-    programs.bwd_local_dv(q, k, out["gcum"], do, index, scale=scale, dv_out=out["dv_local"], **norms)
+    programs.bwd_local_dv(q, k, g, do, index, scale=scale, dv_out=out["dv_local"], **norms)
     out["nu"] = new(1, HV, K, V)
-    programs.adjoint_summary(q, k, out["w"], out["gcum"], do, out["dv_local"], index, scale=scale,
+    programs.adjoint_summary(q, k, out["w"], g, do, out["dv_local"], index, scale=scale,
                              nu_out=out["nu"], **norms)
     d_final = randn(N, HV, K, V)
     lam = randn(1, HV, K, V) if crossing else None
     out.update(dh=new(index.n_chunks, HV, K, V), dv_new=out["dv_local"].clone(), d_initial=new(N, HV, K, V))
-    programs.adjoint_walk(q, k, out["w"], out["gcum"], do, out["dv_new"], index, scale=scale,
+    programs.adjoint_walk(q, k, out["w"], g, do, out["dv_new"], index, scale=scale,
                           d_final_state=d_final, lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"],
                           d_initial_state_out=out["d_initial"], **norms)
     out.update(dq_heads=new(T, HV, K), dk_heads=new(T, HV, K), dw=new(T, HV, K), dgcum=new(T, HV))
-    programs.bwd_dqkwg(q, k, out["gcum"], out["h"], out["v_new"], do, out["dh"], out["dv_new"], index,
+    programs.bwd_dqkwg(q, k, g, out["h"], out["v_new"], do, out["dh"], out["dv_new"], index,
                        scale=scale, dq_out=out["dq_heads"], dk_out=out["dk_heads"], dw_out=out["dw"],
                        dg_out=out["dgcum"], **norms)
     out.update(dv=torch.zeros_like(v), dbeta=torch.zeros_like(beta))
-    programs.bwd_wy(k, v, beta, out["gcum"], out["A"], out["dw"], out["dv_new"], index, k_rstd=norms["k_rstd"],
+    programs.bwd_wy(k, v, beta, g, out["A"], out["dw"], out["dv_new"], index, k_rstd=norms["k_rstd"],
                     dk_acc=out["dk_heads"], dv_out=out["dv"], dbeta_out=out["dbeta"], dg_acc=out["dgcum"])
     out["dg"] = torch.zeros_like(g)
     programs.bwd_gate_cumsum(out["dgcum"], index, dg_out=out["dg"])

@@ -5,41 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gdn_inputs import make_inputs, max_abs, random_bounds, rel_rms
+from gdn_inputs import against_oracle, make_inputs, max_abs, random_bounds, rel_rms
 
 from gdn_kcp import chunk_gated_delta_rule, naive_recurrence
-
-NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
 
 
 def run_both(T, K, V, H_qk, HV, packing, l2, h0, dtype, seed=0):
     """Return {name: (ours, oracle)} for outputs and gradients of a random loss."""
     inputs = make_inputs(T, H_qk, HV, K, V, dtype=dtype, seed=seed, l2=l2)
     bounds = [0, T] if packing == "one" else random_bounds(T, seed)
-    cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
-    N = len(bounds) - 1
-    gen = torch.Generator().manual_seed(seed + 1)
-    state0 = torch.randn(N, HV, K, V, generator=gen, dtype=torch.float64) * 0.5 if h0 else None
-
-    ours_in = [x.clone().requires_grad_() for x in inputs]
-    ref_in = [x.double().requires_grad_() for x in inputs]
-    ours_s0 = state0.to(torch.float32 if dtype != torch.float64 else dtype).requires_grad_() if h0 else None
-    ref_s0 = ours_s0.detach().double().requires_grad_() if h0 else None
-
-    o, fs = chunk_gated_delta_rule(
-        *ours_in, initial_state=ours_s0, output_final_state=True,
-        use_qk_l2norm_in_kernel=l2, cu_seqlens=cu_seqlens,
-    )
-    ro, rfs = naive_recurrence(
-        *ref_in, initial_state=ref_s0, output_final_state=True, use_qk_l2norm=l2, cu_seqlens=cu_seqlens
-    )
-    do = torch.randn(ro.shape, generator=gen, dtype=torch.float64)
-    dfs = torch.randn(rfs.shape, generator=gen, dtype=torch.float64)
-    leaves = ours_in + ([ours_s0] if h0 else [])
-    ref_leaves = ref_in + ([ref_s0] if h0 else [])
-    grads = torch.autograd.grad((o.double() * do).sum() + (fs.double() * dfs).sum(), leaves)
-    ref_grads = torch.autograd.grad((ro * do).sum() + (rfs * dfs).sum(), ref_leaves)
-    return dict(zip(NAMES, zip([o, fs, *grads], [ro, rfs, *ref_grads])))
+    return against_oracle(inputs, bounds, l2=l2, h0=h0, seed=seed)
 
 
 # (T, K, V, H_qk, HV, packing, l2, h0): every T, every K and V, both packings,

@@ -33,12 +33,12 @@ def test_tape_walk_states_are_prefix_states(l2):
     index = ChunkIndex.from_fragments(bounds)
     flat = [x[0] for x in (q, k, v, g, beta)]
     empty = lambda *shape: torch.empty(shape, dtype=torch.float64)  # noqa: E731
-    gcum, A, w, u = empty(T, HV), empty(T, HV, CHUNK_SIZE), empty(T, HV, K), empty(T, HV, V)
+    A, w, u = empty(T, HV, CHUNK_SIZE), empty(T, HV, K), empty(T, HV, V)
     q_rstd, k_rstd = (empty(T, H_qk), empty(T, H_qk)) if l2 else (None, None)
-    programs.prep(*flat, index, gcum_out=gcum, A_out=A, w_out=w, u_out=u, q_rstd_out=q_rstd, k_rstd_out=k_rstd)
+    programs.prep(*flat, index, A_out=A, w_out=w, u_out=u, q_rstd_out=q_rstd, k_rstd_out=k_rstd)
     h, v_new, final_state = empty(index.n_chunks, HV, K, V), empty(T, HV, V), torch.zeros(N, HV, K, V).double()
     programs.tape_walk(
-        flat[1], w, u, gcum, index, k_rstd=k_rstd, initial_state=state0, s_in=None,
+        flat[1], w, u, flat[3], index, k_rstd=k_rstd, initial_state=state0, s_in=None,
         h_out=h, v_new_out=v_new, final_state_out=final_state,
     )
     assert index.max_frag_chunks >= 2  # some document holds several chunks

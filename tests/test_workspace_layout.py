@@ -114,6 +114,6 @@ def test_query_argument_checks():
 def test_pools_are_rounded_up_to_256_bytes():
     ctx = context_from_split([0, 5], default_ranges(5, 1), 0)
     pools = gdn_workspace_layout_kcp(ctx, 1, 3, 16, 8).bwd.pools
-    assert pools["gcum"].shape == (5, 3) and pools["gcum"].nbytes == 256  # 60 bytes of fp32
+    assert pools["dgcum"].shape == (5, 3) and pools["dgcum"].nbytes == 256  # 60 bytes of fp32
     assert pools["w"].shape == (5, 3, 16) and pools["w"].nbytes == 1024  # 960 bytes
     assert pools["h"].nbytes == 1 * 3 * 16 * 8 * 4  # 1536, already a multiple

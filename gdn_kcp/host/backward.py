@@ -26,7 +26,7 @@ class Grads:
     d_initial_state: torch.Tensor | None
 
 
-def run_backward_exchange(q, k, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
+def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
                           replayed):
     """Adjoint summary of the crossing-in fragment, then b1/b2 (or the ring).
     Returns the end adjoint of the crossing-out fragment as it arrived."""
@@ -36,7 +36,7 @@ def run_backward_exchange(q, k, do, dv_local, call: Call, tapes: ForwardTapes, b
     if ctx.n_in:
         nu = arena.bind("nu")
         call.programs.adjoint_summary(
-            q, k, tapes.w, tapes.gcum, do, dv_local, call.index,
+            q, k, tapes.w, g, do, dv_local, call.index,
             scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, nu_out=nu,
         )
     exchange = backward_a2a if call.options.exchange == "a2a" else backward_ring
@@ -70,7 +70,7 @@ def host_backward(
     summary = kept_m = None
     if plan.keeps_tapes:
         tapes = ForwardTapes(
-            gcum=saved["gcum"], A=saved["A"], w=saved["w"], v_new=saved["v_new"],
+            A=saved["A"], w=saved["w"], v_new=saved["v_new"],
             q_rstd=saved.get("q_rstd"), k_rstd=saved.get("k_rstd"), h=saved["h"],
         )
     else:
@@ -78,9 +78,9 @@ def host_backward(
         tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
         s_in = saved.get("s_in")
         if replayed:
-            s_in, summary, kept_m = run_forward_exchange(k, call, tapes, buffers, phase_call="bwd")
+            s_in, summary, kept_m = run_forward_exchange(k, g, call, tapes, buffers, phase_call="bwd")
         arena.phase("bwd.phase.walk")
-        run_tape_walk(k, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None)
+        run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None)
         if replayed and s_in is not None:
             arena.release("s_in")
 
@@ -88,12 +88,12 @@ def host_backward(
     qk_norms = dict(q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd)
     arena.phase("bwd.phase.local_dv")
     dv_new = arena.bind("dv_new")  # the local dv until the adjoint walk completes it
-    call.programs.bwd_local_dv(q, k, tapes.gcum, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms)
+    call.programs.bwd_local_dv(q, k, g, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms)
     lam = None
     if exchanges:
         own_m = summary[..., V:] if summary is not None else saved.get("m")
         lam = run_backward_exchange(
-            q, k, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
+            q, k, g, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
             replayed=replayed,
         )
 
@@ -101,9 +101,9 @@ def host_backward(
     dh = arena.bind("dh")
     d_initial_state = None
     if n_initial_states is not None:
-        d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=tapes.gcum.dtype, device=q.device)
+        d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=tapes.w.dtype, device=q.device)
     call.programs.adjoint_walk(
-        q, k, tapes.w, tapes.gcum, do, dv_new, call.index,
+        q, k, tapes.w, g, do, dv_new, call.index,
         scale=call.scale, d_final_state=d_final_state,
         lam_out=lam[:, :HV] if lam is not None and ctx.n_out else None,
         dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, **qk_norms,
@@ -115,7 +115,7 @@ def host_backward(
     arena.phase("bwd.phase.dqkwg")
     dq_heads, dk_heads, dw, dgcum = (arena.bind(name) for name in ("dq_heads", "dk_heads", "dw", "dgcum"))
     call.programs.bwd_dqkwg(
-        q, k, tapes.gcum, tapes.h, tapes.v_new, do, dh, dv_new, call.index,
+        q, k, g, tapes.h, tapes.v_new, do, dh, dv_new, call.index,
         scale=call.scale, dq_out=dq_heads, dk_out=dk_heads, dw_out=dw, dg_out=dgcum, **qk_norms,
     )
     arena.release("dh")
@@ -124,11 +124,11 @@ def host_backward(
     arena.phase("bwd.phase.wy")
     dv, dbeta = torch.empty_like(v), torch.empty_like(beta)
     call.programs.bwd_wy(
-        k, v, beta, tapes.gcum, tapes.A, dw, dv_new, call.index,
+        k, v, beta, g, tapes.A, dw, dv_new, call.index,
         k_rstd=tapes.k_rstd, dk_acc=dk_heads, dv_out=dv, dbeta_out=dbeta, dg_acc=dgcum,
     )
     arena.release("dw", "dv_new")
-    buffers.drop("A", "gcum")
+    buffers.drop("A")
 
     arena.phase("bwd.phase.grads")
     dg = torch.empty_like(g)

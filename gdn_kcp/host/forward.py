@@ -27,12 +27,11 @@ from .programs import programs_for
 class ForwardTapes:
     """What the forward programs write and the backward programs read.
 
-    gcum ``[T, HV]``, A ``[T, HV, C]`` (None in a forward that keeps no tape),
+    A ``[T, HV, C]`` (None in a forward that keeps no tape),
     w ``[T, HV, K]``, v_new ``[T, HV, V]`` (holds u until the tape walk),
     q_rstd / k_rstd ``[T, H_qk]`` (None without the L2 norm), h ``[NC, HV, K, V]``.
     """
 
-    gcum: torch.Tensor
     A: torch.Tensor | None
     w: torch.Tensor
     v_new: torch.Tensor
@@ -95,29 +94,29 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
     """Program #1 into tapes from ``buffers`` (h is bound later by the walk)."""
     take = buffers.take
     tapes = ForwardTapes(
-        gcum=take("gcum"), A=take("A") if with_A else None, w=take("w"), v_new=take("v_new"),
+        A=take("A") if with_A else None, w=take("w"), v_new=take("v_new"),
         q_rstd=take("q_rstd") if call.norms else None, k_rstd=take("k_rstd") if call.norms else None,
     )
     call.programs.prep(
         q, k, v, g, beta, call.index,
-        gcum_out=tapes.gcum, A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
+        A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
         q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd,
     )
     return tapes
 
 
-def run_tape_walk(k, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out):
+def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out):
     """Program #2: binds h; rewrites the u in ``tapes.v_new`` as v_new."""
     tapes.h = buffers.take("h")
     call.programs.tape_walk(
-        k, tapes.w, tapes.v_new, tapes.gcum, call.index,
+        k, tapes.w, tapes.v_new, g, call.index,
         k_rstd=tapes.k_rstd, initial_state=initial_state,
         s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
         h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
     )
 
 
-def run_forward_exchange(k, call: Call, tapes: ForwardTapes, buffers: Buffers, *, phase_call: str):
+def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, phase_call: str):
     """Summary walk of the crossing-out fragment, then c1/c2 (or the ring).
     Returns ``(s_in, summary, kept_m)``: the arrived start state, the summary
     still bound when a replayed backward needs its M for b1, and the owner's
@@ -128,7 +127,7 @@ def run_forward_exchange(k, call: Call, tapes: ForwardTapes, buffers: Buffers, *
     if ctx.n_out:
         summary = buffers.arena.bind("summary")
         call.programs.summary_walk(
-            k, tapes.w, tapes.v_new, tapes.gcum, call.index, k_rstd=tapes.k_rstd,
+            k, tapes.w, tapes.v_new, g, call.index, k_rstd=tapes.k_rstd,
             s_loc_out=summary[..., :V], m_out=summary[..., V:] if ctx.rank_middle[ctx.rank] else None,
         )
     exchange = forward_a2a if call.options.exchange == "a2a" else forward_ring
@@ -157,21 +156,21 @@ def host_forward(
     tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=keeps_tapes)
     s_in = None
     if call.ctx.exchanges:
-        s_in, _, _ = run_forward_exchange(k, call, tapes, buffers, phase_call="fwd")
+        s_in, _, _ = run_forward_exchange(k, g, call, tapes, buffers, phase_call="fwd")
     arena.phase("fwd.phase.walk")
     final_state = None
     if n_final_states is not None:
-        final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=tapes.gcum.dtype, device=q.device)
-    run_tape_walk(k, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=final_state)
+        final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=tapes.w.dtype, device=q.device)
+    run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=final_state)
     if s_in is not None:
         buffers.drop("s_in")
     buffers.drop("w")
     arena.phase("fwd.phase.output")
     o = torch.empty_like(v, dtype=q.dtype)
     call.programs.output(
-        q, k, tapes.gcum, tapes.h, tapes.v_new, call.index,
+        q, k, g, tapes.h, tapes.v_new, call.index,
         scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o,
     )
-    buffers.drop("gcum", "v_new", "h", *call.norms)
+    buffers.drop("v_new", "h", *call.norms)
     arena.close()
     return o, final_state

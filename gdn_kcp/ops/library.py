@@ -51,7 +51,7 @@ def fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor], workspace: Tensor,
     chunk_table: Tensor, frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float,
     n_final_states: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One rank's forward. q, k ``[T, H_qk, K]``; v ``[T, HV, V]``; g, beta
     ``[T, HV]``; initial_state ``[N, HV, K, V]`` or None. Returns o
     ``[T, HV, V]``, the final states ``[n_final_states, HV, K, V]`` and one

@@ -101,7 +101,7 @@ def forward_events(d: Dims) -> Events:
     keeps_tapes = save_plan(d.options).keeps_tapes
     ev.phase("fwd.phase.prep")
     if not keeps_tapes:
-        ev.bind("gcum", "w", "v_new", *norm_tapes(d.options))
+        ev.bind("w", "v_new", *norm_tapes(d.options))
     if d.ctx.exchanges:
         _forward_exchange(ev, d, "fwd")
     ev.phase("fwd.phase.walk")
@@ -113,7 +113,7 @@ def forward_events(d: Dims) -> Events:
         ev.release("w")
     ev.phase("fwd.phase.output")
     if not keeps_tapes:
-        ev.release("gcum", "v_new", "h", *norm_tapes(d.options))
+        ev.release("v_new", "h", *norm_tapes(d.options))
     return ev
 
 
@@ -122,7 +122,7 @@ def backward_events(d: Dims) -> Events:
     plan = save_plan(d.options)
     if not plan.keeps_tapes:
         ev.phase("bwd.phase.prep")
-        ev.bind("gcum", "A", "w", "v_new", *norm_tapes(d.options))
+        ev.bind("A", "w", "v_new", *norm_tapes(d.options))
         if d.ctx.exchanges and plan.replays_boundary:
             _forward_exchange(ev, d, "bwd")
         ev.phase("bwd.phase.walk")
@@ -147,7 +147,7 @@ def backward_events(d: Dims) -> Events:
     ev.phase("bwd.phase.wy")
     ev.release("dw", "dv_new")
     if not plan.keeps_tapes:
-        ev.release("A", "gcum")
+        ev.release("A")
     ev.phase("bwd.phase.grads")
     ev.release("dgcum", "dq_heads", "dk_heads")
     if not plan.keeps_tapes:

@@ -18,7 +18,7 @@ from gdn_kcp.options import OptionsKcp, save_plan
 
 from .comm import a2a_split_elements
 
-TAPES = ("gcum", "A", "w", "v_new", "q_rstd", "k_rstd", "h")
+TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd", "h")
 """The forward tapes; save_mode="full" saves them, "light" recomputes them."""
 
 SAVED_NAMES = (*TAPES, "s_in", "m", "owner_m")
@@ -82,7 +82,6 @@ def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     T, NC, HV, H_qk, K, V = d.T, d.NC, d.HV, d.H_qk, d.K, d.V
     shapes = {
         # tapes: prep (#1) and the tape walk (#2); v_new holds u until the walk
-        "gcum": (T, HV),
         "A": (T, HV, CHUNK_SIZE),
         "w": (T, HV, K),
         "v_new": (T, HV, V),

@@ -39,11 +39,6 @@ def to_chunks(x: torch.Tensor, rows: ChunkRows, dtype: torch.dtype) -> torch.Ten
     return xc.movedim(1, 2)
 
 
-def gates_to_chunks(gcum: torch.Tensor, rows: ChunkRows, dtype: torch.dtype) -> torch.Tensor:
-    """Gate cumsum ``[T, H]`` -> ``[NC, H, C]``, padded rows hold the last value."""
-    return gcum[rows.token].to(dtype).movedim(1, 2)
-
-
 def scalars_to_chunks(x: torch.Tensor, rows: ChunkRows, dtype: torch.dtype) -> torch.Tensor:
     """Per-token scalars ``[T, H]`` -> ``[NC, H, C]``, padded rows zero."""
     return to_chunks(x[..., None], rows, dtype)[..., 0]
@@ -81,9 +76,56 @@ def load_qk(
     return xc.repeat_interleave(n_value_heads // x.shape[1], dim=1)
 
 
-def causal_decay(G: torch.Tensor, strict: bool = False) -> torch.Tensor:
-    """``exp(G_i - G_j)`` on ``i >= j`` (``i > j`` when strict), zero above: ``[..., C, C]``."""
-    C = G.shape[-1]
-    keep = torch.ones(C, C, dtype=torch.bool, device=G.device).tril(-1 if strict else 0)
-    diff = (G[..., :, None] - G[..., None, :]).masked_fill(~keep, float("-inf"))
-    return torch.exp(diff)
+class ChunkGates(NamedTuple):
+    """Log decays of a chunk, each summed over exactly the gates it spans, so a
+    hard reset (``g = -inf``) gives an exact zero decay and no ``-inf - -inf``,
+    and a strong gate (``g = -1e4``) never cancels against a later one in fp32."""
+
+    g: torch.Tensor  # [NC, H, C] per-token gate, padded rows 0
+    cum: torch.Tensor  # [NC, H, C] G_i = sum_{l <= i} g_l; padded rows hold G_C, so exp(cum[..., -1]) = gamma_C
+    tail: torch.Tensor  # [NC, H, C] sum_{l > i} g_l: log of gamma_C / gamma_i
+
+
+def chunk_gates(g: torch.Tensor, rows: ChunkRows, dtype: torch.dtype) -> ChunkGates:
+    """Gates ``[T, H]`` -> the chunk's prefix and suffix sums (``[NC, H, C]``)."""
+    gc = scalars_to_chunks(g, rows, dtype)
+    tail = torch.nn.functional.pad(gc[..., 1:].flip(-1).cumsum(-1).flip(-1), (0, 1))
+    return ChunkGates(gc, gc.cumsum(-1), tail)
+
+
+def _segments(gates: ChunkGates, strict: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sum_{j < l <= i} g_l`` ``[..., C, C]`` (each gate added once: column j
+    sums g_l down the rows l > j) and the causal mask (``i >= j``, or ``i > j``)."""
+    g = gates.g
+    C = g.shape[-1]
+    below = torch.ones(C, C, dtype=torch.bool, device=g.device).tril(-1)
+    segment = torch.where(below, g[..., :, None], torch.zeros((), dtype=g.dtype, device=g.device)).cumsum(-2)
+    return segment, below if strict else below | torch.eye(C, dtype=torch.bool, device=g.device)
+
+
+def causal_decay(gates: ChunkGates, strict: bool = False) -> torch.Tensor:
+    """``exp(G_i - G_j)`` on ``i >= j`` (``i > j`` when strict), zero above:
+    ``[..., C, C]``, from segment sums (exact zero across a hard reset)."""
+    segment, keep = _segments(gates, strict)
+    return torch.where(keep, torch.exp(segment), torch.zeros((), dtype=segment.dtype, device=segment.device))
+
+
+def causal_scores(a: torch.Tensor, b: torch.Tensor, gates: ChunkGates, strict: bool = False) -> torch.Tensor:
+    """``(A B^T) * exp(G_i - G_j)`` on the causal part, zero above it. The mask
+    is a select, so a non-finite row of A or B (or gate) at token t reaches no
+    row ``i < t``."""
+    segment, keep = _segments(gates, strict)
+    scores = (a @ b.mT) * torch.exp(segment)
+    return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+
+
+def lower_matmul(lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``lower @ x`` for a lower-triangular ``[..., C, C]`` factor without the
+    ``0 * inf`` of the zeros above the diagonal: a dense product makes every
+    row non-finite when one row of ``x`` is; here row i is NaN exactly when a
+    row ``l <= i`` of ``x`` is non-finite, and exact otherwise. So a NaN or inf
+    of token t stays at and after t."""
+    finite = torch.isfinite(x).all(-1, keepdim=True)
+    reached = (~finite).cumsum(-2) > 0
+    out = lower @ torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(reached, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._chunks import ChunkRows, gates_to_chunks, load_qk, to_chunks
+from ._chunks import ChunkRows, chunk_gates, load_qk, to_chunks
 
 
 class WalkOperands(NamedTuple):
@@ -20,13 +20,13 @@ class WalkOperands(NamedTuple):
 
 
 def walk_operands(
-    k: torch.Tensor, k_rstd: torch.Tensor | None, w: torch.Tensor, gcum: torch.Tensor, rows: ChunkRows,
+    k: torch.Tensor, k_rstd: torch.Tensor | None, w: torch.Tensor, g: torch.Tensor, rows: ChunkRows,
     dtype: torch.dtype,
 ) -> WalkOperands:
     HV = w.shape[1]
-    G = gates_to_chunks(gcum, rows, dtype)
-    k_decayed = torch.exp(G[..., -1:] - G)[..., None] * load_qk(k, k_rstd, rows, dtype, HV)
-    return WalkOperands(to_chunks(w, rows, dtype), k_decayed, torch.exp(G[..., -1]))
+    gates = chunk_gates(g, rows, dtype)
+    k_decayed = torch.exp(gates.tail)[..., None] * load_qk(k, k_rstd, rows, dtype, HV)
+    return WalkOperands(to_chunks(w, rows, dtype), k_decayed, torch.exp(gates.cum[..., -1]))
 
 
 def state_step(ops: WalkOperands, u: torch.Tensor, c: torch.Tensor, S: torch.Tensor):
@@ -47,12 +47,12 @@ def adjoint_step(
 
 
 def q_decayed_do(
-    q: torch.Tensor, q_rstd: torch.Tensor | None, do: torch.Tensor, gcum: torch.Tensor, rows: ChunkRows,
+    q: torch.Tensor, q_rstd: torch.Tensor | None, do: torch.Tensor, g: torch.Tensor, rows: ChunkRows,
     dtype: torch.dtype, scale: float,
 ) -> torch.Tensor:
     """``scale (diag(gamma) Q)^T dO`` per chunk, ``[NC, HV, K, V]``: the output's
     pull on the chunk's start state."""
     HV = do.shape[1]
-    G = gates_to_chunks(gcum, rows, dtype)
+    gamma = torch.exp(chunk_gates(g, rows, dtype).cum)
     qc = load_qk(q, q_rstd, rows, dtype, HV)
-    return (scale * torch.exp(G)[..., None] * qc).mT @ to_chunks(do, rows, dtype)
+    return (scale * gamma[..., None] * qc).mT @ to_chunks(do, rows, dtype)

@@ -15,7 +15,7 @@ def adjoint_summary(
     q: torch.Tensor,
     k: torch.Tensor,
     w: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     do: torch.Tensor,
     dv_local: torch.Tensor,
     index: ChunkIndex,
@@ -27,13 +27,13 @@ def adjoint_summary(
 ) -> None:
     """Walk fragment 0 (the crossing-in one) of ``index`` backwards from zero.
 
-    q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; gcum ``[T, HV]``; do, dv_local
+    q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; g ``[T, HV]``; do, dv_local
     ``[T, HV, V]``. Writes nu_out ``[1, HV, K, V]`` (compute dtype).
     """
     cdt = nu_out.dtype
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
-    pull = q_decayed_do(q, q_rstd, do, gcum, rows, cdt, scale)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
+    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale)
     dvl = to_chunks(dv_local, rows, cdt)
     n = index.frag_n_chunks[:1].long()  # fragment 0 starts at chunk 0
     dS = torch.zeros_like(nu_out)

@@ -35,7 +35,7 @@ def adjoint_walk(
     q: torch.Tensor,
     k: torch.Tensor,
     w: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     do: torch.Tensor,
     dv_local: torch.Tensor,
     index: ChunkIndex,
@@ -51,7 +51,7 @@ def adjoint_walk(
 ) -> None:
     """Walk the adjoints.
 
-    q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; gcum ``[T, HV]``; do, dv_local
+    q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; g ``[T, HV]``; do, dv_local
     ``[T, HV, V]``; d_final_state ``[N, HV, K, V]`` (rows by ``frag_doc``) or
     None; lam_out ``[1, HV, K, V]``, the end adjoint of the crossing-out fragment,
     or None. Writes dh_out ``[NC, HV, K, V]``, dv_out ``[T, HV, V]`` (the whole
@@ -61,8 +61,8 @@ def adjoint_walk(
     cdt = dh_out.dtype
     HV, K, V = w.shape[1], w.shape[2], do.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
-    pull = q_decayed_do(q, q_rstd, do, gcum, rows, cdt, scale)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
+    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale)
     dvl = to_chunks(dv_local, rows, cdt)
     dv_new = torch.empty_like(dvl)
     dS = end_adjoints(index, dh_out.new_empty((1, HV, K, V)), d_final_state, lam_out)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ._chunks import causal_decay, chunk_rows, from_chunks, gates_to_chunks, load_qk, to_chunks
+from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
 def bwd_dqkwg(
     q: torch.Tensor,
     k: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     h: torch.Tensor,
     v_new: torch.Tensor,
     do: torch.Tensor,
@@ -36,7 +36,7 @@ def bwd_dqkwg(
     dw_out: torch.Tensor,
     dg_out: torch.Tensor,
 ) -> None:
-    """q, k ``[T, H_qk, K]``; gcum ``[T, HV]``; h, dh ``[NC, HV, K, V]``; v_new,
+    """q, k ``[T, H_qk, K]``; g ``[T, HV]``; h, dh ``[NC, HV, K, V]``; v_new,
     do, dv_new ``[T, HV, V]``. Writes, per value head and in the compute dtype,
     dq_out, dk_out, dw_out ``[T, HV, K]`` and dg_out ``[T, HV]`` (gradient of the
     gate cumsum)."""
@@ -44,13 +44,13 @@ def bwd_dqkwg(
     HV = v_new.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
-    G = gates_to_chunks(gcum, rows, cdt)
+    gates = chunk_gates(g, rows, cdt)
     vn, doc, dvn = to_chunks(v_new, rows, cdt), to_chunks(do, rows, cdt), to_chunks(dv_new, rows, cdt)
-    gamma = torch.exp(G)
-    gamma_ratio = torch.exp(G[..., -1:] - G)  # gamma_C / gamma
+    gamma = torch.exp(gates.cum)
+    gamma_ratio = torch.exp(gates.tail)  # gamma_C / gamma
 
     dq_state = scale * gamma[..., None] * (doc @ h.mT)
-    dscores = scale * (doc @ vn.mT) * causal_decay(G)  # dP * D
+    dscores = scale * causal_scores(doc, vn, gates)  # dP * D
     dk_end = gamma_ratio[..., None] * (vn @ dh.mT)
     from_chunks(dq_state + dscores @ kc, rows, dq_out)
     from_chunks(dscores.mT @ qc + dk_end, rows, dk_out)
@@ -59,6 +59,6 @@ def bwd_dqkwg(
     through_scores = dscores * (qc @ kc.mT)  # dP * P
     through_end = (dk_end * kc).sum(-1)  # <dKd_i, Kd_i>
     dG = (dq_state * qc).sum(-1) + through_scores.sum(-1) - through_scores.sum(-2) - through_end
-    d_last = through_end.sum(-1) + torch.exp(G[..., -1]) * (dh * h).sum((-2, -1))
+    d_last = through_end.sum(-1) + torch.exp(gates.cum[..., -1]) * (dh * h).sum((-2, -1))
     dG = dG + rows.last[:, None, :] * d_last[..., None]
     from_chunks(dG, rows, dg_out)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ._chunks import causal_decay, chunk_rows, from_chunks, gates_to_chunks, load_qk, to_chunks
+from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
 def bwd_local_dv(
     q: torch.Tensor,
     k: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     do: torch.Tensor,
     index: ChunkIndex,
     *,
@@ -23,11 +23,11 @@ def bwd_local_dv(
     k_rstd: torch.Tensor | None,
     dv_out: torch.Tensor,
 ) -> None:
-    """q, k ``[T, H_qk, K]``; gcum ``[T, HV]``; do ``[T, HV, V]``. Writes dv_out
+    """q, k ``[T, H_qk, K]``; g ``[T, HV]``; do ``[T, HV, V]``. Writes dv_out
     ``[T, HV, V]`` in the compute dtype."""
     cdt = dv_out.dtype
     HV = do.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
-    scores = (qc @ kc.mT) * causal_decay(gates_to_chunks(gcum, rows, cdt))
+    scores = causal_scores(qc, kc, chunk_gates(g, rows, cdt))
     from_chunks(scale * (scores.mT @ to_chunks(do, rows, cdt)), rows, dv_out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ._chunks import add_from_chunks, causal_decay, chunk_rows, from_chunks, gates_to_chunks, load_qk
+from ._chunks import add_from_chunks, causal_decay, chunk_gates, chunk_rows, from_chunks, load_qk
 from ._chunks import scalars_to_chunks, to_chunks
 
 
@@ -18,7 +18,7 @@ def bwd_wy(
     k: torch.Tensor,
     v: torch.Tensor,
     beta: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     A: torch.Tensor,
     dw: torch.Tensor,
     du: torch.Tensor,
@@ -30,7 +30,7 @@ def bwd_wy(
     dbeta_out: torch.Tensor,
     dg_acc: torch.Tensor,
 ) -> None:
-    """k ``[T, H_qk, K]``; v ``[T, HV, V]``; beta, gcum ``[T, HV]``; A ``[T, HV, C]``;
+    """k ``[T, H_qk, K]``; v ``[T, HV, V]``; beta, g ``[T, HV]``; A ``[T, HV, C]``;
     dw ``[T, HV, K]``; du ``[T, HV, V]`` (= dv_new). Adds into dk_acc ``[T, HV, K]``
     and dg_acc ``[T, HV]``; writes dv_out ``[T, HV, V]`` and dbeta_out ``[T, HV]``
     (compute dtype)."""
@@ -38,14 +38,15 @@ def bwd_wy(
     HV = v.shape[1]
     rows = chunk_rows(index)
     kc, vc = load_qk(k, k_rstd, rows, cdt, HV), to_chunks(v, rows, cdt)
-    bc, G = scalars_to_chunks(beta, rows, cdt), gates_to_chunks(gcum, rows, cdt)
+    bc, gates = scalars_to_chunks(beta, rows, cdt), chunk_gates(g, rows, cdt)
     Ac, dwc, duc = to_chunks(A, rows, cdt), to_chunks(dw, rows, cdt), to_chunks(du, rows, cdt)
-    beta_gamma = bc * torch.exp(G)
+    gamma = torch.exp(gates.cum)
+    beta_gamma = bc * gamma
     kb, vb = beta_gamma[..., None] * kc, bc[..., None] * vc
     At_dw, At_du = Ac.mT @ dwc, Ac.mT @ duc
     w_dot_k = (At_dw * kc).sum(-1)
 
-    decay = causal_decay(G, strict=True)
+    decay = causal_decay(gates, strict=True)
     kkt = kc @ kc.mT
     dA = dwc @ kb.mT + duc @ vb.mT
     dL = -(Ac.mT @ dA @ Ac.mT).tril(-1)
@@ -53,7 +54,7 @@ def bwd_wy(
     through_L = dL_decayed * kkt * bc[..., None]  # dL * L
 
     dk = beta_gamma[..., None] * At_dw + (bc[..., None] * dL_decayed + (bc[..., None] * dL_decayed).mT) @ kc
-    dbeta = torch.exp(G) * w_dot_k + (At_du * vc).sum(-1) + (dL_decayed * kkt).sum(-1)
+    dbeta = gamma * w_dot_k + (At_du * vc).sum(-1) + (dL_decayed * kkt).sum(-1)
     dG = beta_gamma * w_dot_k + through_L.sum(-1) - through_L.sum(-2)
     add_from_chunks(dk, rows, dk_acc)
     add_from_chunks(dG, rows, dg_acc)

@@ -21,7 +21,7 @@ def summary_walk(
     k: torch.Tensor,
     w: torch.Tensor,
     u: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     index: ChunkIndex,
     *,
     k_rstd: torch.Tensor | None,
@@ -30,14 +30,13 @@ def summary_walk(
 ) -> None:
     """Walk the last fragment (the crossing-out one) of ``index`` from zero.
 
-    k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, gcum ``[T, HV]`` from
-    prep. Writes s_loc_out ``[1, HV, K, V]`` and, when given, m_out
+    k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the gates). Writes s_loc_out ``[1, HV, K, V]`` and, when given, m_out
     ``[1, HV, K, K]`` (both in the compute dtype, ``s_loc_out.dtype``).
     """
     cdt = s_loc_out.dtype
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
     uc = to_chunks(u, rows, cdt)
     # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
     # [T_c S + B_c | T_c M], and it starts at [0 | I].

@@ -43,7 +43,7 @@ def tape_walk(
     k: torch.Tensor,
     w: torch.Tensor,
     u: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     index: ChunkIndex,
     *,
     k_rstd: torch.Tensor | None,
@@ -55,8 +55,7 @@ def tape_walk(
 ) -> None:
     """Walk the states.
 
-    k: ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, gcum ``[T, HV]`` from
-    :func:`prep`; initial_state ``[N, HV, K, V]`` (rows by ``frag_doc``) or None;
+    k: ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the gates); initial_state ``[N, HV, K, V]`` (rows by ``frag_doc``) or None;
     s_in ``[1, HV, K, V]``, the start state of the crossing-in fragment, or None.
     Writes h_out ``[NC, HV, K, V]`` (state at each chunk start), v_new_out
     ``[T, HV, V]`` and, for every fragment that does not cross out,
@@ -65,7 +64,7 @@ def tape_walk(
     cdt = h_out.dtype
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, gcum, rows, cdt)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
     uc = to_chunks(u, rows, cdt)
     v_new = torch.empty_like(uc)
     S = start_states(index, h_out.new_empty((1, HV, K, V)), initial_state, s_in)

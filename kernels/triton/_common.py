@@ -77,12 +77,15 @@ def load_scalars(ptr, tok, m_t, H, h, ACC: tl.constexpr):
 
 
 @triton.jit
-def load_gates(gcum, tok, length, start, H, h, ACC: tl.constexpr):
-    """Gate cumsum of the chunk, padded rows holding the last value, and that value."""
-    last = tl.load(gcum + (start + length - 1) * H + h).to(ACC)
-    G = tl.load(gcum + tok * H + h, mask=tok < start + length, other=0.0).to(ACC)
-    G = tl.where(tok < start + length, G, last)
-    return G, last
+def load_gates(g, tok, m_t, H, h, ACC: tl.constexpr):
+    """The chunk's gates (padded rows 0), their cumsum ``G`` (padded rows hold
+    ``G_C``) and the suffix sums ``sum_{l > i} g_l`` (``log(gamma_C / gamma_i)``).
+    Each sum adds exactly the gates it spans: a -inf gate gives an exact zero
+    decay (never ``-inf - -inf``) and a -1e4 gate never cancels in fp32."""
+    b_g = load_scalars(g, tok, m_t, H, h, ACC)
+    o_i = tl.arange(0, b_g.shape[0])
+    tail = tl.sum(tl.where(o_i[None, :] > o_i[:, None], b_g[None, :], 0.0), 1)
+    return b_g, tl.cumsum(b_g, 0), tail
 
 
 @triton.jit
@@ -95,14 +98,44 @@ def load_qk(ptr, rstd, tok, m_t, H_qk, hk, K, BK: tl.constexpr, HAS_NORM: tl.con
 
 
 @triton.jit
-def causal_decay(G, STRICT: tl.constexpr):
-    """``exp(G_i - G_j)`` on ``i >= j`` (``i > j`` when STRICT), zero above."""
-    o_i = tl.arange(0, G.shape[0])
+def causal_segments(b_g, STRICT: tl.constexpr):
+    """``sum_{j < l <= i} g_l`` ``[BT, BT]`` (column j sums g_l down the rows
+    l > j, so each gate is added once) and the mask ``i >= j`` (``i > j``)."""
+    o_i = tl.arange(0, b_g.shape[0])
+    below = o_i[:, None] > o_i[None, :]
+    segment = tl.cumsum(tl.where(below, b_g[:, None], 0.0), 0)
     if STRICT:
-        keep = o_i[:, None] > o_i[None, :]
+        keep = below
     else:
         keep = o_i[:, None] >= o_i[None, :]
-    return tl.where(keep, tl.exp(tl.where(keep, G[:, None] - G[None, :], 0.0)), 0.0)
+    return segment, keep
+
+
+@triton.jit
+def causal_decay(b_g, STRICT: tl.constexpr):
+    """``exp(G_i - G_j)`` on ``i >= j`` (``i > j`` when STRICT), zero above."""
+    segment, keep = causal_segments(b_g, STRICT)
+    return tl.where(keep, tl.exp(segment), 0.0)
+
+
+@triton.jit
+def causal_scores(a, b, b_g, STRICT: tl.constexpr):
+    """``(A B^T) * exp(G_i - G_j)`` on the causal part, zero above: a select, so
+    a non-finite row of A or B (or gate) at token t reaches no row ``i < t``."""
+    segment, keep = causal_segments(b_g, STRICT)
+    return tl.where(keep, dot(a, tl.trans(b)) * tl.exp(segment), 0.0)
+
+
+@triton.jit
+def lower_dot(lower, x):
+    """``lower @ x`` for a lower-triangular ``lower`` without the ``0 * inf`` of
+    its zeros: row i is NaN exactly when a row ``l <= i`` of ``x`` is not
+    finite, and exact otherwise (a plain product is NaN in every row), so a
+    NaN or inf of token t stays at and after t."""
+    finite = (x - x) == 0.0
+    reached = tl.cumsum(tl.max(tl.where(finite, 0, 1), 1), 0) > 0
+    out = dot(lower, tl.where(finite, x, 0.0))
+    return tl.where(reached[:, None], float("nan"), out)
 
 
 @triton.jit
@@ -143,26 +176,26 @@ def frag_info(frag_table, n_frag, f):
 
 
 @triton.jit
-def walk_operands(k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
+def walk_operands(k, k_rstd, w, g, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
                   BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
     """What one step of a walk over chunk ``c`` reads: rows, W,
     ``diag(gamma_C / gamma) K`` and ``gamma_C``."""
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
     tok = start + o_t
-    G, last = load_gates(gcum, tok, length, start, HV, h, ACC)
+    b_g, G, tail = load_gates(g, tok, m_t, HV, h, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     b_w = load_rows_cols(w, tok, m_t, HV, h, K, 0, BK, ACC)
-    return tok, m_t, G, b_w, tl.exp(last - G)[:, None] * b_k, tl.exp(last)
+    return tok, m_t, G, b_w, tl.exp(tail)[:, None] * b_k, tl.exp(tl.sum(b_g, 0))
 
 
 @triton.jit
-def chunk_scores(q, k, gcum, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
+def chunk_scores(q, k, g, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
                  BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
     """Chunk ``c`` of head ``h``: rows, gates, q, and the decayed causal scores
     ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (output and local dv read them)."""
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
     tok = start + o_t
-    G, _ = load_gates(gcum, tok, length, start, HV, h, ACC)
+    b_g, G, _ = load_gates(g, tok, m_t, HV, h, ACC)
     b_q = load_qk(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
-    return tok, m_t, G, b_q, dot(b_q, tl.trans(b_k)) * causal_decay(G, False)
+    return tok, m_t, G, b_q, causal_scores(b_q, b_k, b_g, False)

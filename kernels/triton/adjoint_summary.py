@@ -15,7 +15,7 @@ from .adjoint_walk import adjoint_chunk
 
 @triton.jit
 def adjoint_summary_kernel(
-    q, k, w, gcum, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, nu, scale,
+    q, k, w, g, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, nu, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
 ):
@@ -27,7 +27,7 @@ def adjoint_summary_kernel(
     for jj in range(0, count):
         c = first + count - 1 - jj
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+            k, k_rstd, w, g, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
         _, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
                               H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC)
     store_state(nu, dS, 0, HV, i_h, K, V, col, BK, BV)
@@ -37,7 +37,7 @@ def adjoint_summary(
     q: torch.Tensor,
     k: torch.Tensor,
     w: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     do: torch.Tensor,
     dv_local: torch.Tensor,
     index: ChunkIndex,
@@ -52,7 +52,7 @@ def adjoint_summary(
     HV, V = do.shape[1], do.shape[2]
     BV = value_block(V)
     adjoint_summary_kernel[(HV, triton.cdiv(V, BV))](
-        q, k, w, gcum, do, dv_local, q_rstd if q_rstd is not None else gcum, k_rstd if k_rstd is not None else gcum,
+        q, k, w, g, do, dv_local, q_rstd if q_rstd is not None else g, k_rstd if k_rstd is not None else g,
         index.chunk_table, index.frag_table, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, ACC=acc_dtype(nu_out),
     )

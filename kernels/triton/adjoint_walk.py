@@ -29,7 +29,7 @@ def adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_las
 
 @triton.jit
 def adjoint_walk_kernel(
-    q, k, w, gcum, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, dh, dv, d_initial, scale,
+    q, k, w, g, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, dh, dv, d_initial, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, ACC: tl.constexpr,
@@ -49,7 +49,7 @@ def adjoint_walk_kernel(
         c = first + count - 1 - jj
         store_state(dh, dS, c, HV, i_h, K, V, col, BK, BV)
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+            k, k_rstd, w, g, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
         b_dvn, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
                                   H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
@@ -62,7 +62,7 @@ def adjoint_walk(
     q: torch.Tensor,
     k: torch.Tensor,
     w: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     do: torch.Tensor,
     dv_local: torch.Tensor,
     index: ChunkIndex,
@@ -84,7 +84,7 @@ def adjoint_walk(
     BV = value_block(V)
     spare = dh_out
     adjoint_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
-        q, k, w, gcum, do, dv_local, q_rstd if q_rstd is not None else gcum, k_rstd if k_rstd is not None else gcum,
+        q, k, w, g, do, dv_local, q_rstd if q_rstd is not None else g, k_rstd if k_rstd is not None else g,
         index.chunk_table, index.frag_table,
         d_final_state if d_final_state is not None else spare, lam_out if lam_out is not None else spare,
         dh_out, dv_out, d_initial_state_out if d_initial_state_out is not None else spare, scale,

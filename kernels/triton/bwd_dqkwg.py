@@ -15,7 +15,7 @@ from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, 
 
 @triton.jit
 def bwd_dqkwg_kernel(
-    q, k, gcum, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
+    q, k, g, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
     n_chunks, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
 ):
@@ -23,7 +23,7 @@ def bwd_dqkwg_kernel(
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
-    G, last = load_gates(gcum, tok, length, start, HV, i_h, ACC)
+    b_g, G, tail = load_gates(g, tok, m_t, HV, i_h, ACC)
     b_q = load_qk(q, q_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     do_S0 = tl.zeros([BT, BK], dtype=ACC)  # dO S0^T
@@ -44,15 +44,15 @@ def bwd_dqkwg_kernel(
         dS_S0 += dS * S0
     gamma = tl.exp(G)
     dq_state = scale * gamma[:, None] * do_S0
-    dscores = scale * do_vn * causal_decay(G, False)  # dP * D
-    dk_end = tl.exp(last - G)[:, None] * vn_dS
+    dscores = scale * do_vn * causal_decay(b_g, False)  # dP * D
+    dk_end = tl.exp(tail)[:, None] * vn_dS
     store_rows_cols(dq, dq_state + dot(dscores, b_k), tok, m_t, HV, i_h, K, 0, BK)
     store_rows_cols(dk, dot(tl.trans(dscores), b_q) + dk_end, tok, m_t, HV, i_h, K, 0, BK)
     store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, 0, BK)
     through_scores = dscores * dot(b_q, tl.trans(b_k))  # dP * P
     through_end = tl.sum(dk_end * b_k, 1)
     dG = tl.sum(dq_state * b_q, 1) + tl.sum(through_scores, 1) - tl.sum(through_scores, 0) - through_end
-    d_last = tl.sum(through_end, 0) + tl.exp(last) * tl.sum(tl.sum(dS_S0, 1), 0)
+    d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(tl.sum(dS_S0, 1), 0)
     dG += tl.where(o_t == length - 1, d_last, 0.0)
     tl.store(dg + tok * HV + i_h, dG.to(dg.dtype.element_ty), mask=m_t)
 
@@ -60,7 +60,7 @@ def bwd_dqkwg_kernel(
 def bwd_dqkwg(
     q: torch.Tensor,
     k: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     h: torch.Tensor,
     v_new: torch.Tensor,
     do: torch.Tensor,
@@ -82,8 +82,8 @@ def bwd_dqkwg(
     if index.n_chunks == 0:
         return
     bwd_dqkwg_kernel[(index.n_chunks, HV)](
-        q, k, gcum, h, v_new, do, dh, dv_new, q_rstd if q_rstd is not None else gcum,
-        k_rstd if k_rstd is not None else gcum, index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
+        q, k, g, h, v_new, do, dh, dv_new, q_rstd if q_rstd is not None else g,
+        k_rstd if k_rstd is not None else g, index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=q_rstd is not None, ACC=acc_dtype(h),
     )

@@ -13,14 +13,14 @@ from ._common import BT, acc_dtype, chunk_scores, dot, head_block, load_rows_col
 
 @triton.jit
 def bwd_local_dv_kernel(
-    q, k, gcum, do, dv, q_rstd, k_rstd, chunk_table, scale,
+    q, k, g, do, dv, q_rstd, k_rstd, chunk_table, scale,
     n_chunks, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
 ):
     i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    tok, m_t, _, _, scores = chunk_scores(q, k, gcum, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk, i_hk,
+    tok, m_t, _, _, scores = chunk_scores(q, k, g, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk, i_hk,
                                           HV, i_h, K, BT, BK, HAS_NORM, ACC)
     b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
     store_rows_cols(dv, scale * dot(tl.trans(scores), b_do), tok, m_t, HV, i_h, V, col, BV)
@@ -29,7 +29,7 @@ def bwd_local_dv_kernel(
 def bwd_local_dv(
     q: torch.Tensor,
     k: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     do: torch.Tensor,
     index: ChunkIndex,
     *,
@@ -45,7 +45,7 @@ def bwd_local_dv(
         return
     BV = value_block(V)
     bwd_local_dv_kernel[(index.n_chunks, HV, triton.cdiv(V, BV))](
-        q, k, gcum, do, dv_out, q_rstd if q_rstd is not None else gcum, k_rstd if k_rstd is not None else gcum,
+        q, k, g, do, dv_out, q_rstd if q_rstd is not None else g, k_rstd if k_rstd is not None else g,
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, ACC=acc_dtype(dv_out),
     )

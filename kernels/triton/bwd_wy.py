@@ -18,7 +18,7 @@ from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, 
 
 @triton.jit
 def bwd_wy_kernel(
-    k, v, beta, gcum, A, dw, du, k_rstd, chunk_table, dk_acc, dv, dbeta, dg_acc,
+    k, v, beta, g, A, dw, du, k_rstd, chunk_table, dk_acc, dv, dbeta, dg_acc,
     n_chunks, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
 ):
@@ -26,7 +26,7 @@ def bwd_wy_kernel(
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
-    G, _ = load_gates(gcum, tok, length, start, HV, i_h, ACC)
+    b_g, G, _ = load_gates(g, tok, m_t, HV, i_h, ACC)
     b_beta = load_scalars(beta, tok, m_t, HV, i_h, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     b_A = load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC)
@@ -45,7 +45,7 @@ def bwd_wy_kernel(
         dA += dot(b_du, tl.trans(b_beta[:, None] * b_v))
     o_i = tl.arange(0, BT)
     dL = tl.where(o_i[:, None] > o_i[None, :], -dot(dot(tl.trans(b_A), dA), tl.trans(b_A)), 0.0)
-    dL_decayed = dL * causal_decay(G, True)
+    dL_decayed = dL * causal_decay(b_g, True)
     kkt = dot(b_k, tl.trans(b_k))
     through_L = dL_decayed * kkt * b_beta[:, None]  # dL * L
     dKk = b_beta[:, None] * dL_decayed
@@ -63,7 +63,7 @@ def bwd_wy(
     k: torch.Tensor,
     v: torch.Tensor,
     beta: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     A: torch.Tensor,
     dw: torch.Tensor,
     du: torch.Tensor,
@@ -81,7 +81,7 @@ def bwd_wy(
     if index.n_chunks == 0:
         return
     bwd_wy_kernel[(index.n_chunks, HV)](
-        k, v, beta, gcum, A, dw, du, k_rstd if k_rstd is not None else gcum, index.chunk_table,
+        k, v, beta, g, A, dw, du, k_rstd if k_rstd is not None else g, index.chunk_table,
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd is not None, ACC=acc_dtype(dk_acc),
     )

@@ -1,5 +1,4 @@
-"""Program #1, prep (Triton): per chunk and value head the gate cumsum, the WY
-factors ``A = (I + L)^-1``, ``W = A diag(beta gamma) K``, ``U = A diag(beta) V``,
+"""Program #1, prep (Triton): per chunk and value head the WY factors ``A = (I + L)^-1``, ``W = A diag(beta gamma) K``, ``U = A diag(beta) V``,
 and the q/k reciprocal norms. Same signature as ``kernels.torch.prep``."""
 
 from __future__ import annotations
@@ -10,8 +9,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_qk, load_rows_cols,
-                      load_scalars, store_rows_cols, value_block)
+from ._common import (BT, acc_dtype, causal_scores, chunk_rows, head_block, load_gates, load_qk, load_rows_cols,
+                      load_scalars, lower_dot, store_rows_cols, value_block)
 
 
 @triton.jit
@@ -28,19 +27,20 @@ def l2_rstd_kernel(x, rstd, T, H, D, EPS: tl.constexpr, BT: tl.constexpr, BD: tl
 @triton.jit
 def unit_lower_inverse(L, BT: tl.constexpr):
     """``(I + L)^-1`` of a strictly lower ``[BT, BT]`` L, row by row:
-    ``A[i] = e_i - L[i, :] A`` (rows above i are final, L[i, j >= i] = 0)."""
+    ``A[i] = e_i - L[i, :i] A[:i]`` (rows above i are final). The sum selects
+    rows ``j < i``, so a non-finite row of L reaches only the rows after it."""
     o_i = tl.arange(0, BT)
     A = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0).to(L.dtype)
     for i in range(1, BT):
         l_row = tl.sum(tl.where(o_i[:, None] == i, L, 0.0), 0)
-        row = tl.where(o_i == i, 1.0, -tl.sum(l_row[:, None] * A, 0))
+        row = tl.where(o_i == i, 1.0, -tl.sum(tl.where(o_i[:, None] < i, l_row[:, None] * A, 0.0), 0))
         A = tl.where(o_i[:, None] == i, row[None, :], A)
     return A
 
 
 @triton.jit
 def prep_kernel(
-    q, k, v, g, beta, chunk_table, gcum, A_out, w, u, k_rstd,
+    q, k, v, g, beta, chunk_table, A_out, w, u, k_rstd,
     n_chunks, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_NORM: tl.constexpr, STORE_A: tl.constexpr, ACC: tl.constexpr,
@@ -50,19 +50,18 @@ def prep_kernel(
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
-    G = tl.cumsum(load_scalars(g, tok, m_t, HV, i_h, ACC), 0)  # padded g is 0: padded G is G_last
-    tl.store(gcum + tok * HV + i_h, G.to(gcum.dtype.element_ty), mask=m_t)
+    b_g, G, _ = load_gates(g, tok, m_t, HV, i_h, ACC)
     b_beta = load_scalars(beta, tok, m_t, HV, i_h, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
-    b_L = b_beta[:, None] * dot(b_k, tl.trans(b_k)) * causal_decay(G, True)
+    b_L = causal_scores(b_beta[:, None] * b_k, b_k, b_g, True)
     b_A = unit_lower_inverse(b_L, BT)
     if STORE_A:
         store_rows_cols(A_out, b_A, tok, m_t, HV, i_h, BT, 0, BT)
-    b_w = dot(b_A, (b_beta * tl.exp(G))[:, None] * b_k)
+    b_w = lower_dot(b_A, (b_beta * tl.exp(G))[:, None] * b_k)
     store_rows_cols(w, b_w, tok, m_t, HV, i_h, K, 0, BK)
     for col in range(0, V, BV):
         b_v = load_rows_cols(v, tok, m_t, HV, i_h, V, col, BV, ACC)
-        store_rows_cols(u, dot(b_A, b_beta[:, None] * b_v), tok, m_t, HV, i_h, V, col, BV)
+        store_rows_cols(u, lower_dot(b_A, b_beta[:, None] * b_v), tok, m_t, HV, i_h, V, col, BV)
 
 
 def prep(
@@ -73,7 +72,6 @@ def prep(
     beta: torch.Tensor,
     index: ChunkIndex,
     *,
-    gcum_out: torch.Tensor,
     A_out: torch.Tensor | None,
     w_out: torch.Tensor,
     u_out: torch.Tensor,
@@ -83,7 +81,7 @@ def prep(
     """See ``kernels.torch.prep``."""
     T, H_qk, K = k.shape
     HV, V = v.shape[1], v.shape[2]
-    ACC = acc_dtype(gcum_out)
+    ACC = acc_dtype(w_out)
     if k_rstd_out is not None:
         grid = (triton.cdiv(T, BT), H_qk)
         for x, out in ((q, q_rstd_out), (k, k_rstd_out)):
@@ -92,8 +90,8 @@ def prep(
     if index.n_chunks == 0:
         return
     prep_kernel[(index.n_chunks, HV)](
-        q, k, v, g, beta, index.chunk_table, gcum_out, A_out if A_out is not None else gcum_out, w_out, u_out,
-        k_rstd_out if k_rstd_out is not None else gcum_out,
+        q, k, v, g, beta, index.chunk_table, A_out if A_out is not None else w_out, w_out, u_out,
+        k_rstd_out if k_rstd_out is not None else w_out,
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd_out is not None, STORE_A=A_out is not None,
         ACC=ACC,

@@ -15,7 +15,7 @@ from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols,
 
 @triton.jit
 def summary_walk_kernel(
-    k, w, u, gcum, k_rstd, chunk_table, frag_table, out, stride_h, stride_k,
+    k, w, u, g, k_rstd, chunk_table, frag_table, out, stride_h, stride_k,
     n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, IS_M: tl.constexpr,
     ACC: tl.constexpr,
@@ -34,7 +34,7 @@ def summary_walk_kernel(
         S = tl.zeros([BK, BV], dtype=ACC)
     for j in range(0, count):
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, gcum, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+            k, k_rstd, w, g, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
         if IS_M:
             b_vn = -dot(b_w, S)
         else:
@@ -47,7 +47,7 @@ def summary_walk(
     k: torch.Tensor,
     w: torch.Tensor,
     u: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     index: ChunkIndex,
     *,
     k_rstd: torch.Tensor | None,
@@ -62,7 +62,7 @@ def summary_walk(
             continue
         BV = value_block(width)
         summary_walk_kernel[(HV, triton.cdiv(width, BV))](
-            k, w, u, gcum, k_rstd if k_rstd is not None else gcum, index.chunk_table, index.frag_table,
+            k, w, u, g, k_rstd if k_rstd is not None else g, index.chunk_table, index.frag_table,
             out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m, ACC=acc_dtype(out),

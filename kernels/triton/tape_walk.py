@@ -15,7 +15,7 @@ from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols,
 
 @triton.jit
 def tape_walk_kernel(
-    k, w, u, gcum, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
+    k, w, u, g, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, ACC: tl.constexpr,
@@ -35,7 +35,7 @@ def tape_walk_kernel(
         c = first + j
         store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, gcum, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+            k, k_rstd, w, g, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
         b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S)
         store_rows_cols(v_new, b_vn, tok, m_t, HV, i_h, V, col, BV)
         S = gamma_last * S + dot(tl.trans(b_kd), b_vn)
@@ -48,7 +48,7 @@ def tape_walk(
     k: torch.Tensor,
     w: torch.Tensor,
     u: torch.Tensor,
-    gcum: torch.Tensor,
+    g: torch.Tensor,
     index: ChunkIndex,
     *,
     k_rstd: torch.Tensor | None,
@@ -65,7 +65,7 @@ def tape_walk(
         return
     BV = value_block(V)
     tape_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
-        k, w, u, gcum, k_rstd if k_rstd is not None else gcum, index.chunk_table, index.frag_table,
+        k, w, u, g, k_rstd if k_rstd is not None else g, index.chunk_table, index.frag_table,
         initial_state if initial_state is not None else h_out, s_in if s_in is not None else h_out,
         h_out, v_new_out, final_state_out if final_state_out is not None else h_out,
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
