@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+from gdn_kcp.dtypes import FLOAT_DTYPES
+
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -57,6 +58,11 @@ def check_cu_seqlens(cu_seqlens: object, T: int | None, name: str = "cu_seqlens"
     check_tensor(name, cu_seqlens, 1, "[N + 1]")
     if cu_seqlens.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.is_meta:
+        raise ValueError(
+            f"{name} is on device {cu_seqlens.device}, which holds no values, and its values are read on the host: "
+            f"pass it on the CPU or a GPU"
+        )
     return check_bounds(name, cu_seqlens.tolist(), T)
 
 
@@ -89,9 +95,12 @@ def check_gdn_inputs(
     scale: object,
     initial_state: object,
     cu_seqlens: object,
+    initial_rows: tuple[int, str] | None = None,
 ) -> tuple[GdnDims, list[int]]:
     """Check the FLA-layout inputs; return their sizes and the document bounds
-    over the flattened ``B * T`` tokens."""
+    over the flattened ``B * T`` tokens. ``initial_rows`` (count, symbol) sets
+    the rows initial_state must have when they are not the N documents (a KCP
+    rank holds the documents that start on it)."""
     check_tensor("q", q, 4, "[B, T, H_qk, K]")
     check_tensor("k", k, 4, "[B, T, H_qk, K]")
     check_tensor("v", v, 4, "[B, T, HV, V]")
@@ -127,11 +136,13 @@ def check_gdn_inputs(
         bounds = check_cu_seqlens(cu_seqlens, T)
     N = len(bounds) - 1
     if initial_state is not None:
-        check_tensor("initial_state", initial_state, 4, "[N, HV, K, V]")
+        rows, rows_name = (N, "N") if initial_rows is None else initial_rows
+        layout = f"[{rows_name}, HV, K, V]"
+        check_tensor("initial_state", initial_state, 4, layout)
         check_float_dtype("initial_state", initial_state)
-        if initial_state.shape != (N, HV, K, V):
+        if initial_state.shape != (rows, HV, K, V):
             raise ValueError(
-                f"initial_state must have shape [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(initial_state.shape)}"
+                f"initial_state must have shape {layout} = {(rows, HV, K, V)}, got {tuple(initial_state.shape)}"
             )
         if initial_state.device != q.device:
             raise ValueError(f"initial_state is on {initial_state.device}, q on {q.device}")

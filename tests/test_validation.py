@@ -1,4 +1,5 @@
-"""Every input check of chunk_gated_delta_rule raises with the argument and value named."""
+"""Every input check of chunk_gated_delta_rule (and of build_kcp_context's
+cu_seqlens_global) raises with the argument and value named."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 from gdn_inputs import make_inputs
 
-from gdn_kcp import chunk_gated_delta_rule
+from gdn_kcp import build_kcp_context, chunk_gated_delta_rule
 
 
 def inputs(T=8, H_qk=1, HV=2, K=4, V=4):
@@ -87,6 +88,17 @@ def test_cu_seqlens_float():
     q, k, v, g, beta = inputs()
     with pytest.raises(TypeError, match=r"cu_seqlens must be int32 or int64, got torch.float32"):
         call(q, k, v, g, beta, cu_seqlens=torch.tensor([0.0, 8.0]))
+
+
+def test_cu_seqlens_on_meta():
+    q, k, v, g, beta = inputs()
+    with pytest.raises(ValueError, match=r"cu_seqlens is on device meta, which holds no values"):
+        call(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 3, 8], device="meta"))
+
+
+def test_cu_seqlens_global_on_meta():
+    with pytest.raises(ValueError, match=r"cu_seqlens_global is on device meta, which holds no values"):
+        build_kcp_context(torch.tensor([0, 3, 8], device="meta"))
 
 
 def test_cu_seqlens_not_starting_at_zero():
