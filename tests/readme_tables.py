@@ -50,6 +50,24 @@ def table_rows(marker: str) -> list[list[str]]:
     return rows
 
 
+def paragraph_before(marker: str) -> str:
+    """The paragraph right above ``<!-- marker -->`` in README.md, on one line."""
+    text = README.read_text()
+    above = text[: text.index(f"<!-- {marker} -->")].rstrip().split("\n\n")[-1]
+    return " ".join(above.split())
+
+
+def example_label() -> str:
+    """How README.md names the example a table of figures was computed at, from
+    the constants the tests compute it at."""
+    shapes = EXAMPLE_SHAPES
+    assert shapes["K"] == shapes["V"] and EXAMPLE_DTYPE == torch.bfloat16
+    return (
+        f"rank {EXAMPLE_RANK} of R = {EXAMPLE_R}, one document of {EXAMPLE_T:,} tokens, "
+        f"H_qk = {shapes['H_qk']}, HV = {shapes['HV']}, K = V = {shapes['K']}, bf16 inputs"
+    )
+
+
 def options_of(when: str) -> OptionsKcp:
     return eval(f"OptionsKcp({'' if when == 'default' else when})", {"OptionsKcp": OptionsKcp})
 

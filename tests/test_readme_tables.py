@@ -5,8 +5,19 @@ from __future__ import annotations
 
 import pytest
 from arena_cases import valid_options
-from readme_tables import EXAMPLE_DTYPE, EXAMPLE_SHAPES, evaluate, example_context, figure, options_of, table_rows
+from readme_tables import (
+    EXAMPLE_DTYPE,
+    EXAMPLE_SHAPES,
+    evaluate,
+    example_context,
+    example_label,
+    figure,
+    options_of,
+    paragraph_before,
+    table_rows,
+)
 
+from gdn_kcp import OptionsKcp
 from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
 
 
@@ -50,6 +61,16 @@ def test_saved_row(row):
 def test_call_row(row):
     ours = layout(options_of(row[0]))
     assert [figure(x) for x in row[1:4]] == [ours.fwd.bytes, ours.bwd.bytes, ours.bytes]
+
+
+def test_call_figures_label_states_what_test_call_row_computes():
+    """The label names the example and the defaults test_call_row evaluates at
+    (OptionsKcp defaults for every option a row does not name)."""
+    label = paragraph_before("call-figures")
+    assert example_label() in label, label
+    assert "with every option a row does not name at its default" in label, label
+    assert "`use_qk_l2norm=False` outside its own row" in label and not OptionsKcp().use_qk_l2norm, label
+    assert OptionsKcp(use_qk_l2norm=True) in [options_of(row[0]) for row in CALL_ROWS]
 
 
 def test_every_pool_and_saved_tensor_has_a_row():
