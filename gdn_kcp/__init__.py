@@ -17,6 +17,7 @@ from gdn_kcp.queries import (
     gdn_det_workspace_layout_kcp,
     gdn_saved_bytes_kcp,
     gdn_saved_layout_kcp,
+    gdn_state_layout_kcp,
     gdn_workspace_bytes_kcp,
     gdn_workspace_layout_kcp,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "gdn_kcp",
     "gdn_saved_bytes_kcp",
     "gdn_saved_layout_kcp",
+    "gdn_state_layout_kcp",
     "gdn_workspace_bytes_kcp",
     "gdn_workspace_layout_kcp",
     "naive_recurrence",

@@ -73,6 +73,28 @@ class KcpContext:
         return self.index.n_frag
 
     @property
+    def n_start_docs(self) -> int:
+        """Documents that start on this rank (zero-length ones included): the
+        rows of a :func:`gdn_kcp` initial state."""
+        return self.index.n_frag - self.n_in
+
+    @property
+    def n_end_docs(self) -> int:
+        """Documents that end on this rank: the rows of a :func:`gdn_kcp` final state."""
+        return self.index.n_frag - self.n_out
+
+    @property
+    def start_docs(self) -> list[int]:
+        """Global ids of the documents that start on this rank, in order (reads
+        the host index: not for a context built under FakeTensorMode)."""
+        return self.index.frag_doc.tolist()[self.n_in :]
+
+    @property
+    def end_docs(self) -> list[int]:
+        """Global ids of the documents that end on this rank, in order."""
+        return self.index.frag_doc.tolist()[: self.n_end_docs]
+
+    @property
     def exchanges(self) -> bool:
         """True when some document crosses a rank boundary (the collectives run)."""
         return bool(self.chains)

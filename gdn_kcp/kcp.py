@@ -10,7 +10,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.ops import apply_gdn, check_workspace
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.rank_check import check_ranks_agree
-from gdn_kcp.validate import check_gdn_inputs
+from gdn_kcp.validate import check_flag, check_gdn_inputs
 from gdn_kcp.workspace import WorkspaceKcp
 
 
@@ -37,17 +37,26 @@ def gdn_kcp(
     ctx: KcpContext,
     *,
     scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
     use_qk_l2norm: bool | None = None,
     options: OptionsKcp | None = None,
     workspace: WorkspaceKcp | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GDN over a packed stream split across the ranks of ``ctx`` (KCP).
 
     Every rank passes its own token range ``ctx.rank_ranges[ctx.rank]``:
     q, k ``[1, T_r, H_qk, K]``, v ``[1, T_r, HV, V]``, g, beta ``[1, T_r, HV]``
     (FLA layouts). Returns o ``[1, T_r, HV, V]``, equal to the rows of the
     single-rank :func:`chunk_gated_delta_rule` of the whole stream; gradients
-    likewise. Every rank of the group must call it (and its backward) together.
+    likewise. States are the rank's own: ``initial_state``
+    ``[ctx.n_start_docs, HV, K, V]`` holds the initial states of the documents
+    that start on this rank (global ids ``ctx.start_docs``; a document that
+    crosses in starts from the state the exchange brings), and with
+    ``output_final_state=True`` the call returns ``(o, final_state)``,
+    final_state ``[ctx.n_end_docs, HV, K, V]`` (fp32; fp64 for fp64 inputs) for
+    the documents that end on this rank (``ctx.end_docs``). Over the ranks,
+    these rows are the one-rank call's, each exactly once. Every rank of the group must call it (and its backward) together.
     ``use_qk_l2norm`` is a shortcut for ``options.use_qk_l2norm``. ``workspace``
     (a :class:`WorkspaceKcp` of the same context, shapes, dtype and options)
     serves both calls; without it each call allocates its own.
@@ -59,11 +68,14 @@ def gdn_kcp(
         o = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
                     g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm=True)
     """
-    check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm, workspace=workspace)
+    check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm,
+                      workspace=workspace, initial_state=initial_state, output_final_state=output_final_state)
     if not isinstance(ctx, KcpContext):
         raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
     options = resolve_options(options, use_qk_l2norm)
-    dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=None, cu_seqlens=None)
+    check_flag("output_final_state", output_final_state)
+    dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=None,
+                               initial_rows=(ctx.n_start_docs, "ctx.n_start_docs"))
     if dims.B != 1:
         raise ValueError(f"gdn_kcp takes one packed row per rank (B = 1), got B = {dims.B}")
     if dims.T != ctx.n_tokens:
@@ -73,12 +85,14 @@ def gdn_kcp(
         )
     T = dims.T
     check_workspace(workspace, ctx, dims.H_qk, dims.HV, dims.K, dims.V, q.dtype, options)
-    o, _ = apply_gdn(
+    o, final_state = apply_gdn(
         q.reshape(T, dims.H_qk, dims.K),
         k.reshape(T, dims.H_qk, dims.K),
         v.reshape(T, dims.HV, dims.V),
         g.reshape(T, dims.HV),
         beta.reshape(T, dims.HV),
-        None, ctx, options, float(dims.K**-0.5 if scale is None else scale), 0, workspace,
+        initial_state, ctx, options, float(dims.K**-0.5 if scale is None else scale),
+        ctx.n_end_docs if output_final_state else 0, workspace,
     )
-    return o.view(1, T, dims.HV, dims.V)
+    o = o.view(1, T, dims.HV, dims.V)
+    return (o, final_state) if output_final_state else o

@@ -29,8 +29,12 @@ class ChunkIndex:
     ``chunk_table`` ``[3, n_chunks]``, one row each: ``chunk_start`` (first
     token, rank-local), ``chunk_len`` (tokens, 1..C), ``chunk_frag`` (fragment).
     ``frag_table`` ``[6, n_frag]``: ``frag_start`` (first token), ``frag_len``,
-    ``frag_first_chunk``, ``frag_n_chunks``, ``frag_doc`` (document id, the row
-    of initial / final states), ``frag_flags`` (``CROSSING_IN | CROSSING_OUT``).
+    ``frag_first_chunk``, ``frag_n_chunks``, ``frag_doc`` (global document id),
+    ``frag_flags`` (``CROSSING_IN | CROSSING_OUT``).
+    State rows: fragment f's final state (and its gradient) is row f of this
+    rank's final states, its initial state (and gradient) row ``f - n_in``
+    (:func:`initial_row_shift`): documents ending here, and starting here, in
+    order. Only fragment 0 can cross in and only the last can cross out.
     Each row is a property (a view). Ints: ``n_tokens``, ``n_chunks``,
     ``n_frag``, ``max_frag_chunks`` (the number of steps of a state walk).
     The two tables are what the ops take.
@@ -98,3 +102,9 @@ class ChunkIndex:
             self.chunk_table.to(device), self.frag_table.to(device),
             self.n_tokens, self.n_chunks, self.n_frag, self.max_frag_chunks,
         )
+
+
+def initial_row_shift(frag_flags: torch.Tensor) -> torch.Tensor:
+    """``n_in`` as a ``[1]`` tensor (``[0]`` without fragments): fragment f's row
+    in the initial states is ``f - n_in``. Read on the device, no host sync."""
+    return (frag_flags[:1] & CROSSING_IN).ne(0).long()

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 from gdn_inputs import make_inputs, max_abs, random_bounds, rel_rms
 
-from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_comm_bytes_kcp, gdn_kcp
+from gdn_kcp import (OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_comm_bytes_kcp, gdn_kcp,
+                     gdn_state_layout_kcp)
 from gdn_kcp.queries import COLLECTIVES
 from gdn_kcp.exchange import record_comm_bytes
 
@@ -60,31 +61,70 @@ CASES = {
 }
 
 
-def reference(case: KcpCase):
-    """Single-rank output and gradients on the unsplit stream, for a fixed dO."""
-    T = case.bounds[-1]
+STATE_NAMES = ("final_state", "d_initial_state")
+
+
+def reference(case: KcpCase, states: bool):
+    """Single-rank output and gradients on the unsplit stream, for a fixed dO
+    (with ``states``: from random initial states, with the final states in the
+    loss, and then also the final states and the initial-state gradient)."""
+    T, N = case.bounds[-1], len(case.bounds) - 1
     inputs = make_inputs(T, case.H_qk, case.HV, case.K, case.V, dtype=case.dtype, seed=case.seed, l2=case.l2)
-    leaves = [x.clone().requires_grad_() for x in inputs]
+    gen = torch.Generator().manual_seed(case.seed + 7)
+    cdt = torch.float64 if case.dtype == torch.float64 else torch.float32
+    state0 = torch.randn(N, case.HV, case.K, case.V, generator=gen).to(cdt) if states else None
+    leaves = [x.clone().requires_grad_() for x in inputs] + ([state0.clone().requires_grad_()] if states else [])
     cu = torch.tensor(case.bounds, dtype=torch.int64)
-    o, _ = chunk_gated_delta_rule(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=case.l2)
-    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(case.seed + 7)).to(case.dtype)
-    grads = torch.autograd.grad((o * do).sum(), leaves)
-    return inputs, do, [o.detach(), *grads]
+    o, fs = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5] if states else None, cu_seqlens=cu,
+                                   output_final_state=states, use_qk_l2norm_in_kernel=case.l2)
+    do = torch.randn(o.shape, generator=gen).to(case.dtype)
+    loss = (o * do).sum()
+    dfs = None
+    if states:
+        dfs = torch.randn(fs.shape, generator=gen).to(cdt)
+        loss = loss + (fs * dfs).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    expected = [o.detach(), *grads[:5]]
+    if states:
+        expected += [fs.detach(), grads[5]]
+    return inputs, (do, state0, dfs), expected
 
 
-def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, do, expected) -> None:
+def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, expected) -> None:
     """Run gdn_kcp on this rank's range; compare o and every gradient with the
-    single-rank rows, and the counted comm bytes with gdn_comm_bytes_kcp."""
+    single-rank rows (with states: the final states of the documents that end
+    here, the initial-state gradient of those that start here), and the
+    counted comm bytes with gdn_comm_bytes_kcp."""
+    do, state0, dfs = given
     ctx = build_kcp_context(torch.tensor(case.bounds), rank_ranges=case.ranges and list(case.ranges))
     start, end = ctx.rank_ranges[rank]
     mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
     options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2)
+    states = state0 is not None
     with record_comm_bytes() as log:
-        o = gdn_kcp(*mine, ctx, options=options)
-        grads = torch.autograd.grad((o * do[:, start:end]).sum(), mine)
-    where = f"{case.name} rank {rank} exchange={exchange}"
-    for name, ours, ref in zip(("o", "dq", "dk", "dv", "dg", "dbeta"), [o, *grads], expected):
-        ref = ref[:, start:end]
+        if states:
+            mine.append(state0[ctx.start_docs].clone().requires_grad_())
+            o, fs = gdn_kcp(*mine[:5], ctx, options=options, initial_state=mine[5], output_final_state=True)
+            assert fs.shape == (ctx.n_end_docs, case.HV, case.K, case.V)
+            grads = torch.autograd.grad((o * do[:, start:end]).sum() + (fs * dfs[ctx.end_docs]).sum(), mine)
+            outputs = [o, *grads[:5], fs, grads[5]]
+            queried = gdn_state_layout_kcp(ctx, case.HV, case.K, case.V, dtype=case.dtype)
+            for name, tensor in (("final_state", fs), ("initial_state", mine[5]), ("initial_state", grads[5])):
+                spec = queried[name]
+                assert (tensor.shape, tensor.dtype, tensor.nbytes) == (spec.shape, spec.dtype, spec.nbytes), name
+        else:
+            o = gdn_kcp(*mine, ctx, options=options)
+            outputs = [o, *torch.autograd.grad((o * do[:, start:end]).sum(), mine)]
+    where = f"{case.name} rank {rank} exchange={exchange} states={states}"
+    names = ("o", "dq", "dk", "dv", "dg", "dbeta", *STATE_NAMES)
+    assert len(outputs) == len(expected) == (8 if states else 6), where
+    for name, ours, ref in zip(names, outputs, expected):
+        if name == "final_state":
+            ref = ref[ctx.end_docs]
+        elif name == "d_initial_state":
+            ref = ref[ctx.start_docs]
+        else:
+            ref = ref[:, start:end]
         assert ours.shape == ref.shape and ours.dtype == ref.dtype, (where, name)
         if case.dtype == torch.float64:
             assert max_abs(ours, ref) < 1e-9, (where, name, max_abs(ours, ref))
@@ -97,10 +137,11 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, do, expe
 
 
 def run_cases(rank: int, R: int) -> None:
+    """Every case of R ranks: a2a with initial and final states, ring without."""
     for case in CASES[R]:
-        inputs, do, expected = reference(case)
-        for exchange in ("a2a", "ring"):
-            check_case_on_rank(case, rank, exchange, inputs, do, expected)
+        for exchange, states in (("a2a", True), ("ring", False)):
+            inputs, given, expected = reference(case, states)
+            check_case_on_rank(case, rank, exchange, inputs, given, expected)
 
 
 def expect_metadata_error(rank: int, R: int) -> None:

@@ -40,11 +40,11 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
                   q_rstd_out=norms["q_rstd"], k_rstd_out=norms["k_rstd"])
     if l2:
         out.update(norms)
+    state0 = randn(N, HV, K, V)  # rows f - n_in: with crossing, the last row is not read
     summary = new(1, HV, K, V + K)  # [S_loc | M] as one pool, written through column views
-    programs.summary_walk(k, out["w"], out["u"], g, index, k_rstd=norms["k_rstd"],
+    programs.summary_walk(k, out["w"], out["u"], g, index, k_rstd=norms["k_rstd"], initial_state=state0,
                           s_loc_out=summary[..., :V], m_out=summary[..., V:])
     out["summary"] = summary
-    state0 = randn(N, HV, K, V)
     s_in = randn(1, HV, K, V) if crossing else None
     out.update(h=new(index.n_chunks, HV, K, V), v_new=out["u"].clone(), final=new(N, HV, K, V))
     programs.tape_walk(k, out["w"], out["v_new"], g, index, k_rstd=norms["k_rstd"],
@@ -57,10 +57,10 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
     out["dv_local"] = new(T, HV, V)
     programs.bwd_local_dv(q, k, g, do, index, scale=scale, dv_out=out["dv_local"], **norms)
+    d_final = randn(N, HV, K, V)  # rows f: with crossing, the last row is not read
     out["nu"] = new(1, HV, K, V)
     programs.adjoint_summary(q, k, out["w"], g, do, out["dv_local"], index, scale=scale,
-                             nu_out=out["nu"], **norms)
-    d_final = randn(N, HV, K, V)
+                             d_final_state=d_final, nu_out=out["nu"], **norms)
     lam = randn(1, HV, K, V) if crossing else None
     out.update(dh=new(index.n_chunks, HV, K, V), dv_new=out["dv_local"].clone(), d_initial=new(N, HV, K, V))
     programs.adjoint_walk(q, k, out["w"], g, do, out["dv_new"], index, scale=scale,

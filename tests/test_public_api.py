@@ -19,6 +19,7 @@ def test_all_is_pinned():
         "gdn_kcp",
         "gdn_saved_bytes_kcp",
         "gdn_saved_layout_kcp",
+        "gdn_state_layout_kcp",
         "gdn_workspace_bytes_kcp",
         "gdn_workspace_layout_kcp",
         "naive_recurrence",

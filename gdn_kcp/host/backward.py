@@ -27,7 +27,7 @@ class Grads:
 
 
 def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
-                          replayed):
+                          replayed, d_final_state):
     """Adjoint summary of the crossing-in fragment, then b1/b2 (or the ring).
     Returns the end adjoint of the crossing-out fragment as it arrived."""
     ctx, arena = call.ctx, buffers.arena
@@ -37,7 +37,7 @@ def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes
         nu = arena.bind("nu")
         call.programs.adjoint_summary(
             q, k, tapes.w, g, do, dv_local, call.index,
-            scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, nu_out=nu,
+            scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, d_final_state=d_final_state, nu_out=nu,
         )
     exchange = backward_a2a if call.options.exchange == "a2a" else backward_ring
     return exchange(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
@@ -78,7 +78,8 @@ def host_backward(
         tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
         s_in = saved.get("s_in")
         if replayed:
-            s_in, summary, kept_m = run_forward_exchange(k, g, call, tapes, buffers, phase_call="bwd")
+            s_in, summary, kept_m = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
+                                                           phase_call="bwd")
         arena.phase("bwd.phase.walk")
         run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None)
         if replayed and s_in is not None:
@@ -94,7 +95,7 @@ def host_backward(
         own_m = summary[..., V:] if summary is not None else saved.get("m")
         lam = run_backward_exchange(
             q, k, g, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
-            replayed=replayed,
+            replayed=replayed, d_final_state=d_final_state,
         )
 
     arena.phase("bwd.phase.adjoint_walk")

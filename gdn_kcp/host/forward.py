@@ -116,7 +116,8 @@ def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, in
     )
 
 
-def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, phase_call: str):
+def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state,
+                         phase_call: str):
     """Summary walk of the crossing-out fragment, then c1/c2 (or the ring).
     Returns ``(s_in, summary, kept_m)``: the arrived start state, the summary
     still bound when a replayed backward needs its M for b1, and the owner's
@@ -127,7 +128,7 @@ def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers
     if ctx.n_out:
         summary = buffers.arena.bind("summary")
         call.programs.summary_walk(
-            k, tapes.w, tapes.v_new, g, call.index, k_rstd=tapes.k_rstd,
+            k, tapes.w, tapes.v_new, g, call.index, k_rstd=tapes.k_rstd, initial_state=initial_state,
             s_loc_out=summary[..., :V], m_out=summary[..., V:] if ctx.rank_middle[ctx.rank] else None,
         )
     exchange = forward_a2a if call.options.exchange == "a2a" else forward_ring
@@ -156,7 +157,8 @@ def host_forward(
     tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=keeps_tapes)
     s_in = None
     if call.ctx.exchanges:
-        s_in, _, _ = run_forward_exchange(k, g, call, tapes, buffers, phase_call="fwd")
+        s_in, _, _ = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
+                                       phase_call="fwd")
     arena.phase("fwd.phase.walk")
     final_state = None
     if n_final_states is not None:

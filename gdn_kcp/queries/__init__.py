@@ -13,6 +13,7 @@ from .layout import (
     gdn_det_workspace_layout_kcp,
     gdn_saved_bytes_kcp,
     gdn_saved_layout_kcp,
+    gdn_state_layout_kcp,
     gdn_workspace_bytes_kcp,
     gdn_workspace_layout_kcp,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "gdn_det_workspace_layout_kcp",
     "gdn_saved_bytes_kcp",
     "gdn_saved_layout_kcp",
+    "gdn_state_layout_kcp",
     "gdn_workspace_bytes_kcp",
     "gdn_workspace_layout_kcp",
     "ring_elements",

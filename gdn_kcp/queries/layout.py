@@ -320,6 +320,23 @@ def gdn_saved_bytes_kcp(
     return sum(spec.nbytes for spec in saved.values())
 
 
+def gdn_state_layout_kcp(
+    ctx: KcpContext, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.float32
+) -> dict[str, SavedSpec]:
+    """This rank's states in :func:`gdn_kcp`: ``"initial_state"``
+    ``[ctx.n_start_docs, HV, K, V]`` (the documents that start on the rank; its
+    gradient has the same shape) and ``"final_state"``
+    ``[ctx.n_end_docs, HV, K, V]`` (those that end on it), both in the compute
+    dtype of ``dtype`` inputs (the dtype the final states come back in)."""
+    d = _dims(ctx, 1, HV, K, V, dtype, None)
+    element = torch.empty((), dtype=d.dtype).element_size()
+    rows = {"initial_state": ctx.n_start_docs, "final_state": ctx.n_end_docs}
+    return {
+        name: SavedSpec(shape=(n, HV, K, V), dtype=d.dtype, nbytes=n * HV * K * V * element)
+        for name, n in rows.items()
+    }
+
+
 def _deterministic(options: OptionsKcp | None) -> OptionsKcp:
     return replace(options or OptionsKcp(), deterministic=True)
 

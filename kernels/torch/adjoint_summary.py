@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..chunk_index import ChunkIndex
+from ..chunk_index import CROSSING_OUT, ChunkIndex
 from ._chunks import chunk_rows, to_chunks
 from ._walk import adjoint_step, q_decayed_do, walk_operands
+from .tape_walk import gather_states
 
 
 def adjoint_summary(
@@ -23,12 +24,15 @@ def adjoint_summary(
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
     nu_out: torch.Tensor,
 ) -> None:
-    """Walk fragment 0 (the crossing-in one) of ``index`` backwards from zero.
+    """Walk fragment 0 (the crossing-in one) of ``index`` backwards from zero,
+    or from its final-state gradient when it ends its document here.
 
     q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; g ``[T, HV]``; do, dv_local
-    ``[T, HV, V]``. Writes nu_out ``[1, HV, K, V]`` (compute dtype).
+    ``[T, HV, V]``; d_final_state ``[N_end, HV, K, V]`` (rows as the tape
+    walk's final states) or None. Writes nu_out ``[1, HV, K, V]`` (compute dtype).
     """
     cdt = nu_out.dtype
     rows = chunk_rows(index)
@@ -36,7 +40,7 @@ def adjoint_summary(
     pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale)
     dvl = to_chunks(dv_local, rows, cdt)
     n = index.frag_n_chunks[:1].long()  # fragment 0 starts at chunk 0
-    dS = torch.zeros_like(nu_out)
+    dS = gather_states(index, d_final_state, CROSSING_OUT, nu_out.new_zeros((index.n_frag,) + nu_out.shape[1:]))[:1]
     for j in reversed(range(index.max_frag_chunks)):
         c = torch.full_like(n, j).clamp(max=index.n_chunks - 1)
         _, dS_prev = adjoint_step(ops, dvl, pull, c, dS)

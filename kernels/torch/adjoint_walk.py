@@ -14,19 +14,17 @@ import torch
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
 from ._chunks import chunk_rows, from_chunks, to_chunks
 from ._walk import adjoint_step, q_decayed_do, walk_operands
-from .tape_walk import write_end_states
+from .tape_walk import gather_states, write_end_states
 
 
 def end_adjoints(
     index: ChunkIndex, like: torch.Tensor, d_final_state: torch.Tensor | None, lam_out: torch.Tensor | None
 ) -> torch.Tensor:
-    """``[F, HV, K, V]``: ``d_final_state[frag_doc]`` (or zero), and ``lam_out[0]``
-    for the crossing-out fragment (always the last fragment)."""
-    dS = like.new_zeros((index.n_frag,) + like.shape[1:])
-    crossing_out = ((index.frag_flags & CROSSING_OUT) != 0)[:, None, None, None]
-    if d_final_state is not None:
-        dS = torch.where(crossing_out, dS, d_final_state[index.frag_doc.long()].to(dS.dtype))
+    """``[F, HV, K, V]``: the fragment's final-state gradient (or zero), and
+    ``lam_out[0]`` for the crossing-out fragment (always the last fragment)."""
+    dS = gather_states(index, d_final_state, CROSSING_OUT, like.new_zeros((index.n_frag,) + like.shape[1:]))
     if lam_out is not None:
+        crossing_out = ((index.frag_flags & CROSSING_OUT) != 0)[:, None, None, None]
         dS = torch.where(crossing_out, lam_out[:1].to(dS.dtype), dS)
     return dS
 
@@ -52,11 +50,11 @@ def adjoint_walk(
     """Walk the adjoints.
 
     q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; g ``[T, HV]``; do, dv_local
-    ``[T, HV, V]``; d_final_state ``[N, HV, K, V]`` (rows by ``frag_doc``) or
-    None; lam_out ``[1, HV, K, V]``, the end adjoint of the crossing-out fragment,
+    ``[T, HV, V]``; d_final_state ``[N_end, HV, K, V]`` (as the tape walk's final
+    states) or None; lam_out ``[1, HV, K, V]``, the end adjoint of the crossing-out fragment,
     or None. Writes dh_out ``[NC, HV, K, V]``, dv_out ``[T, HV, V]`` (the whole
-    dVn) and, for every fragment that does not cross in,
-    ``d_initial_state_out[frag_doc]`` (``[N, HV, K, V]``).
+    dVn) and ``d_initial_state_out`` ``[N_start, HV, K, V]`` (rows as the initial
+    states).
     """
     cdt = dh_out.dtype
     HV, K, V = w.shape[1], w.shape[2], do.shape[2]

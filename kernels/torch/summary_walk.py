@@ -5,16 +5,17 @@ Each chunk is affine in its start state, ``S_C = T_c S0 + B_c`` with
 ``B_c = (diag(gamma_C / gamma) K)^T U``; the fragment folds to
 ``S_end = M S_start + S_loc``, ``M = T_n ... T_1``. M is only needed when the
 fragment also crosses in (a middle rank); a fragment that starts its document
-has a zero start state and sends ``S_loc`` alone.
+walks from its initial state (zero without one) and sends ``S_loc`` alone.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..chunk_index import ChunkIndex
+from ..chunk_index import CROSSING_IN, ChunkIndex
 from ._chunks import chunk_rows, to_chunks
 from ._walk import state_step, walk_operands
+from .tape_walk import gather_states
 
 
 def summary_walk(
@@ -25,12 +26,16 @@ def summary_walk(
     index: ChunkIndex,
     *,
     k_rstd: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
     s_loc_out: torch.Tensor,
     m_out: torch.Tensor | None,
 ) -> None:
-    """Walk the last fragment (the crossing-out one) of ``index`` from zero.
+    """Walk the last fragment (the crossing-out one) of ``index`` from zero, or
+    from its initial state when it starts its document.
 
-    k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the gates). Writes s_loc_out ``[1, HV, K, V]`` and, when given, m_out
+    k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the
+    gates); initial_state ``[N_start, HV, K, V]`` as the tape walk's or None.
+    Writes s_loc_out ``[1, HV, K, V]`` and, when given, m_out
     ``[1, HV, K, K]`` (both in the compute dtype, ``s_loc_out.dtype``).
     """
     cdt = s_loc_out.dtype
@@ -39,12 +44,13 @@ def summary_walk(
     ops = walk_operands(k, k_rstd, w, g, rows, cdt)
     uc = to_chunks(u, rows, cdt)
     # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
-    # [T_c S + B_c | T_c M], and it starts at [0 | I].
+    # [T_c S + B_c | T_c M], and it starts at [S_start | I].
     X = s_loc_out.new_zeros(1, HV, K, V + (K if m_out is not None else 0))
+    last = index.n_frag - 1
+    X[..., :V] = gather_states(index, initial_state, CROSSING_IN, X.new_zeros(index.n_frag, HV, K, V))[last:]
     if m_out is not None:
         uc = torch.cat([uc, uc.new_zeros(uc.shape[:-1] + (K,))], dim=-1)
         X[..., V:] = torch.eye(K, dtype=cdt, device=X.device)
-    last = index.n_frag - 1
     n = index.frag_n_chunks[last : last + 1].long()
     first = index.frag_first_chunk[last : last + 1].long()
     for j in range(index.max_frag_chunks):

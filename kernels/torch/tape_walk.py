@@ -12,31 +12,50 @@ from __future__ import annotations
 
 import torch
 
-from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
+from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, initial_row_shift
 from ._chunks import chunk_rows, from_chunks, to_chunks
 from ._walk import state_step, walk_operands
+
+
+def state_rows(index: ChunkIndex, flag: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per fragment: its row in the initial states (``flag=CROSSING_IN``:
+    ``f - n_in``) or the final states (``CROSSING_OUT``: ``f``), and whether
+    it has one (it does not cross that way)."""
+    rows = torch.arange(index.n_frag, device=index.frag_flags.device)
+    if flag == CROSSING_IN:
+        rows = rows - initial_row_shift(index.frag_flags)
+    return rows, (index.frag_flags & flag) == 0
+
+
+def gather_states(index: ChunkIndex, states: torch.Tensor | None, flag: int, S: torch.Tensor) -> torch.Tensor:
+    """``S`` with ``states[row]`` for every fragment that has a row (see
+    :func:`state_rows`); ``states`` ``[n_rows, HV, K, V]``."""
+    if states is None or states.shape[0] == 0:
+        return S
+    rows, has_row = state_rows(index, flag)
+    picked = states[rows.clamp(0, states.shape[0] - 1)].to(S.dtype)
+    return torch.where(has_row[:, None, None, None], picked, S)
 
 
 def start_states(
     index: ChunkIndex, like: torch.Tensor, initial_state: torch.Tensor | None, s_in: torch.Tensor | None
 ) -> torch.Tensor:
-    """``[F, HV, K, V]``: zero, ``initial_state[frag_doc]``, or ``s_in[0]`` for
+    """``[F, HV, K, V]``: zero, the fragment's initial state, or ``s_in[0]`` for
     the crossing-in fragment (always fragment 0)."""
-    S = like.new_zeros((index.n_frag,) + like.shape[1:])
-    crossing_in = (index.frag_flags & CROSSING_IN) != 0
-    if initial_state is not None:
-        S = torch.where(crossing_in[:, None, None, None], S, initial_state[index.frag_doc.long()].to(S.dtype))
+    S = gather_states(index, initial_state, CROSSING_IN, like.new_zeros((index.n_frag,) + like.shape[1:]))
     if s_in is not None:
+        crossing_in = (index.frag_flags & CROSSING_IN) != 0
         S = torch.where(crossing_in[:, None, None, None], s_in[:1].to(S.dtype), S)
     return S
 
 
-def write_end_states(index: ChunkIndex, S: torch.Tensor, out: torch.Tensor | None, skip_flag: int) -> None:
-    """``out[frag_doc[f]] = S[f]`` for every fragment without ``skip_flag``."""
+def write_end_states(index: ChunkIndex, S: torch.Tensor, out: torch.Tensor | None, flag: int) -> None:
+    """``out[row] = S[f]`` for every fragment f that does not cross ``flag``'s
+    way (rows of :func:`state_rows`)."""
     if out is None:
         return
-    keep = (index.frag_flags & skip_flag) == 0
-    out[index.frag_doc[keep].long()] = S[keep].to(out.dtype)
+    rows, has_row = state_rows(index, flag)
+    out[rows[has_row]] = S[has_row].to(out.dtype)
 
 
 def tape_walk(
@@ -55,11 +74,11 @@ def tape_walk(
 ) -> None:
     """Walk the states.
 
-    k: ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the gates); initial_state ``[N, HV, K, V]`` (rows by ``frag_doc``) or None;
+    k: ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the gates); initial_state ``[N_start, HV, K, V]`` (the documents that start in this range, in order) or None;
     s_in ``[1, HV, K, V]``, the start state of the crossing-in fragment, or None.
     Writes h_out ``[NC, HV, K, V]`` (state at each chunk start), v_new_out
-    ``[T, HV, V]`` and, for every fragment that does not cross out,
-    ``final_state_out[frag_doc]`` (``[N, HV, K, V]``).
+    ``[T, HV, V]`` and ``final_state_out`` ``[N_end, HV, K, V]``, the final states
+    of the documents that end in this range, in order.
     """
     cdt = h_out.dtype
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]

@@ -167,12 +167,13 @@ def store_state_strided(ptr, x, h, stride_h, stride_k, K, V, col0, BK: tl.conste
 
 @triton.jit
 def frag_info(frag_table, n_frag, f):
-    """Fragment ``f``: first chunk, chunk count, document, crossing flags."""
+    """Fragment ``f``: first chunk, chunk count, its row in the initial states
+    (``f - n_in``; its final-state row is f) and its crossing flags."""
     first = tl.load(frag_table + 2 * n_frag + f)
     count = tl.load(frag_table + 3 * n_frag + f)
-    doc = tl.load(frag_table + 4 * n_frag + f)
+    initial_row = f - (tl.load(frag_table + 5 * n_frag) & 1)  # fragment 0 is the only one that can cross in
     flags = tl.load(frag_table + 5 * n_frag + f)
-    return first, count, doc, flags
+    return first, count, initial_row, flags
 
 
 @triton.jit

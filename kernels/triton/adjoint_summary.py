@@ -9,21 +9,25 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import BT, acc_dtype, frag_info, head_block, store_state, value_block, walk_operands
+from ._common import BT, acc_dtype, frag_info, head_block, load_state, store_state, value_block, walk_operands
 from .adjoint_walk import adjoint_chunk
 
 
 @triton.jit
 def adjoint_summary_kernel(
-    q, k, w, g, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, nu, scale,
+    q, k, w, g, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, nu, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_FINAL: tl.constexpr,
+    ACC: tl.constexpr,
 ):
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, doc, flags = frag_info(frag_table, n_frag, 0)
+    first, count, _, flags = frag_info(frag_table, n_frag, 0)
     dS = tl.zeros([BK, BV], dtype=ACC)
+    if HAS_FINAL:
+        if (flags & 2) == 0:  # the document ends here: its final-state gradient is row 0
+            dS = load_state(d_final, 0, HV, i_h, K, V, col, BK, BV, ACC)
     for jj in range(0, count):
         c = first + count - 1 - jj
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
@@ -45,14 +49,17 @@ def adjoint_summary(
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
+    d_final_state: torch.Tensor | None,
     nu_out: torch.Tensor,
 ) -> None:
     """See ``kernels.torch.adjoint_summary``."""
+    has_final = d_final_state is not None and d_final_state.shape[0] > 0
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
     BV = value_block(V)
     adjoint_summary_kernel[(HV, triton.cdiv(V, BV))](
         q, k, w, g, do, dv_local, q_rstd if q_rstd is not None else g, k_rstd if k_rstd is not None else g,
-        index.chunk_table, index.frag_table, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, ACC=acc_dtype(nu_out),
+        index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=has_final,
+        ACC=acc_dtype(nu_out),
     )

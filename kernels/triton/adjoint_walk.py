@@ -37,11 +37,11 @@ def adjoint_walk_kernel(
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, doc, flags = frag_info(frag_table, n_frag, i_f)
+    first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
     dS = tl.zeros([BK, BV], dtype=ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
-            dS = load_state(d_final, doc, HV, i_h, K, V, col, BK, BV, ACC)
+            dS = load_state(d_final, i_f, HV, i_h, K, V, col, BK, BV, ACC)
     if HAS_LAM:
         if (flags & 2) != 0:
             dS = load_state(lam, 0, HV, i_h, K, V, col, BK, BV, ACC)
@@ -55,7 +55,7 @@ def adjoint_walk_kernel(
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
     if HAS_INITIAL:
         if (flags & 1) == 0:
-            store_state(d_initial, dS, doc, HV, i_h, K, V, col, BK, BV)
+            store_state(d_initial, dS, initial_row, HV, i_h, K, V, col, BK, BV)
 
 
 def adjoint_walk(

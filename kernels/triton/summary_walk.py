@@ -9,29 +9,33 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, store_state_strided, value_block,
-                      walk_operands)
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, store_state_strided,
+                      value_block, walk_operands)
 
 
 @triton.jit
 def summary_walk_kernel(
-    k, w, u, g, k_rstd, chunk_table, frag_table, out, stride_h, stride_k,
+    k, w, u, g, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k,
     n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, IS_M: tl.constexpr,
-    ACC: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it), K for M (u = 0,
-    the walk starts at the identity)."""
+    """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it; the walk starts
+    at the fragment's initial state when it starts its document and has one),
+    K for M (u = 0, the walk starts at the identity)."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, doc, flags = frag_info(frag_table, n_frag, n_frag - 1)
+    first, count, initial_row, flags = frag_info(frag_table, n_frag, n_frag - 1)
     o_k = tl.arange(0, BK)
     o_c = col + tl.arange(0, BV)
     if IS_M:
         S = tl.where(o_k[:, None] == o_c[None, :], 1.0, 0.0).to(ACC)
     else:
         S = tl.zeros([BK, BV], dtype=ACC)
+        if HAS_INITIAL:
+            if (flags & 1) == 0:
+                S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
     for j in range(0, count):
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
             k, k_rstd, w, g, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
@@ -51,10 +55,12 @@ def summary_walk(
     index: ChunkIndex,
     *,
     k_rstd: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
     s_loc_out: torch.Tensor,
     m_out: torch.Tensor | None,
 ) -> None:
     """See ``kernels.torch.summary_walk`` (outputs may be column views of one pool)."""
+    has_initial = initial_state is not None and initial_state.shape[0] > 0
     H_qk, K = k.shape[1], k.shape[2]
     HV, V = u.shape[1], u.shape[2]
     for out, width, is_m in ((s_loc_out, V, False), (m_out, K, True)):
@@ -63,7 +69,8 @@ def summary_walk(
         BV = value_block(width)
         summary_walk_kernel[(HV, triton.cdiv(width, BV))](
             k, w, u, g, k_rstd if k_rstd is not None else g, index.chunk_table, index.frag_table,
-            out, out.stride(1), out.stride(2),
+            initial_state if has_initial else g, out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
-            BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m, ACC=acc_dtype(out),
+            BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
+            HAS_INITIAL=has_initial, ACC=acc_dtype(out),
         )

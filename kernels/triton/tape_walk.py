@@ -23,11 +23,11 @@ def tape_walk_kernel(
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, doc, flags = frag_info(frag_table, n_frag, i_f)
+    first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
     S = tl.zeros([BK, BV], dtype=ACC)
     if HAS_INITIAL:
         if (flags & 1) == 0:
-            S = load_state(initial_state, doc, HV, i_h, K, V, col, BK, BV, ACC)
+            S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
     if HAS_S_IN:
         if (flags & 1) != 0:
             S = load_state(s_in, 0, HV, i_h, K, V, col, BK, BV, ACC)
@@ -41,7 +41,7 @@ def tape_walk_kernel(
         S = gamma_last * S + dot(tl.trans(b_kd), b_vn)
     if HAS_FINAL:
         if (flags & 2) == 0:
-            store_state(final_state, S, doc, HV, i_h, K, V, col, BK, BV)
+            store_state(final_state, S, i_f, HV, i_h, K, V, col, BK, BV)
 
 
 def tape_walk(
