@@ -10,7 +10,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.ops import apply_gdn, check_workspace
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.rank_check import check_ranks_agree
-from gdn_kcp.validate import check_flag, check_gdn_inputs
+from gdn_kcp.validate import GdnDims, check_flag, check_gdn_inputs
 from gdn_kcp.workspace import WorkspaceKcp
 
 
@@ -26,6 +26,27 @@ def resolve_options(options: OptionsKcp | None, use_qk_l2norm: bool | None) -> O
             f"use_qk_l2norm={use_qk_l2norm} disagrees with options.use_qk_l2norm={options.use_qk_l2norm}"
         )
     return replace(options or OptionsKcp(), use_qk_l2norm=use_qk_l2norm)
+
+
+def check_kcp_inputs(q, k, v, g, beta, ctx, *, scale, initial_state, output_final_state, use_qk_l2norm,
+                     options, workspace) -> tuple[OptionsKcp, GdnDims]:
+    """Every check of a :func:`gdn_kcp` call's arguments (also run collectively
+    by the ``GDN_KCP_CHECK_RANKS`` switch); returns the resolved options and sizes."""
+    if not isinstance(ctx, KcpContext):
+        raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
+    options = resolve_options(options, use_qk_l2norm)
+    check_flag("output_final_state", output_final_state)
+    dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=None,
+                               initial_rows=(ctx.n_start_docs, "ctx.n_start_docs"))
+    if dims.B != 1:
+        raise ValueError(f"gdn_kcp takes one packed row per rank (B = 1), got B = {dims.B}")
+    if dims.T != ctx.n_tokens:
+        raise ValueError(
+            f"q holds T = {dims.T} tokens but rank {ctx.rank} of the context holds "
+            f"{ctx.n_tokens} (rank_ranges[{ctx.rank}] = {ctx.rank_ranges[ctx.rank]})"
+        )
+    check_workspace(workspace, ctx, dims.H_qk, dims.HV, dims.K, dims.V, q.dtype, options)
+    return options, dims
 
 
 def gdn_kcp(
@@ -70,21 +91,10 @@ def gdn_kcp(
     """
     check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm,
                       workspace=workspace, initial_state=initial_state, output_final_state=output_final_state)
-    if not isinstance(ctx, KcpContext):
-        raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
-    options = resolve_options(options, use_qk_l2norm)
-    check_flag("output_final_state", output_final_state)
-    dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=None,
-                               initial_rows=(ctx.n_start_docs, "ctx.n_start_docs"))
-    if dims.B != 1:
-        raise ValueError(f"gdn_kcp takes one packed row per rank (B = 1), got B = {dims.B}")
-    if dims.T != ctx.n_tokens:
-        raise ValueError(
-            f"q holds T = {dims.T} tokens but rank {ctx.rank} of the context holds "
-            f"{ctx.n_tokens} (rank_ranges[{ctx.rank}] = {ctx.rank_ranges[ctx.rank]})"
-        )
+    options, dims = check_kcp_inputs(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
+                                     output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
+                                     options=options, workspace=workspace)
     T = dims.T
-    check_workspace(workspace, ctx, dims.H_qk, dims.HV, dims.K, dims.V, q.dtype, options)
     o, final_state = apply_gdn(
         q.reshape(T, dims.H_qk, dims.K),
         k.reshape(T, dims.H_qk, dims.K),

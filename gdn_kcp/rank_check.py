@@ -26,9 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp.context import KcpContext, _group_device
-from gdn_kcp.ops import check_workspace
 from gdn_kcp.options import BOUNDARY_MODES, EXCHANGES, GRAPH_MODES, OPTION_NAMES, SAVE_MODES
-from gdn_kcp.validate import check_gdn_inputs
 
 ENV_VAR = "GDN_KCP_CHECK_RANKS"
 ON_VALUES = ("1", "true", "yes", "on")
@@ -66,15 +64,17 @@ def _context_digest(ctx: KcpContext) -> int:
     return _digest(repr(shared))
 
 
-def _local_checks(ctx, q, k, v, g, beta, scale, options, use_qk_l2norm, workspace):
+def _local_checks(ctx, q, k, v, g, beta, scale, options, use_qk_l2norm, workspace, initial_state,
+                  output_final_state):
     """``(resolved options or None, the error gdn_kcp's own checks raise or None)``."""
-    from gdn_kcp.kcp import resolve_options  # kcp imports this module
+    from gdn_kcp.kcp import check_kcp_inputs, resolve_options  # kcp imports this module
 
     resolved = None
     try:
         resolved = resolve_options(options, use_qk_l2norm)
-        dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=None, cu_seqlens=None)
-        check_workspace(workspace, ctx, dims.H_qk, dims.HV, dims.K, dims.V, q.dtype, resolved)
+        check_kcp_inputs(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
+                         output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm, options=options,
+                         workspace=workspace)
     except (TypeError, ValueError) as err:
         return resolved, err
     return resolved, None
@@ -162,7 +162,8 @@ def check_ranks_agree(
     if torch._guards.detect_fake_mode([x for x in (q, k, v, g, beta) if isinstance(x, torch.Tensor)]) is not None:
         return
 
-    resolved, local_error = _local_checks(ctx, q, k, v, g, beta, scale, options, use_qk_l2norm, workspace)
+    resolved, local_error = _local_checks(ctx, q, k, v, g, beta, scale, options, use_qk_l2norm, workspace,
+                                          initial_state, output_final_state)
     facts = _facts(ctx, q, k, v, g, beta, scale, resolved, initial_state, output_final_state)
     words = {_digest(w): w for w in _vocabulary()}
     shared_codes = []

@@ -71,6 +71,11 @@ def _every_rank_raises(rank: int, R: int) -> None:
          r"ranks \[1\] differ from rank 0 in use_qk_l2norm \(False vs True\)"),
         ("malformed v", _on_rank_1(rank, mine, short_v), {},
          r"the inputs of ranks \[1\] fail gdn_kcp's input checks"),
+        ("output_final_state", mine, {"output_final_state": rank == 1},
+         r"ranks \[1\] differ from rank 0 in output_final_state \(0 vs 1\)"),
+        ("initial_state rows", mine, {"initial_state": torch.zeros(ctx.n_start_docs + rank, HV, K, V,
+                                                                   dtype=torch.float64)},
+         r"the inputs of ranks \[1\] fail gdn_kcp's input checks"),
     ]
     # Rank 1 splits at 90 instead of 100 and passes the 110 tokens its context gives it.
     other_split = context_from_split(BOUNDS, [(0, 90), (90, 200)], rank, group=group, group_name=ctx.group_name)
