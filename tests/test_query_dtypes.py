@@ -20,6 +20,7 @@ from gdn_kcp.queries import (
     gdn_det_workspace_layout_kcp,
     gdn_saved_bytes_kcp,
     gdn_saved_layout_kcp,
+    gdn_state_layout_kcp,
     gdn_workspace_bytes_kcp,
     gdn_workspace_layout_kcp,
 )
@@ -32,7 +33,8 @@ SHAPED = [
 ]
 QUERIES = [functools.partial(query, CTX, 1, 2, 16, 16) for query in SHAPED] + [
     functools.partial(query, CTX, 2, 16, 16) for query in (gdn_comm_bytes_kcp, gdn_det_comm_bytes_kcp)
-]
+] + [functools.partial(gdn_state_layout_kcp, context_from_split([0, 100, 384], default_ranges(384, 3), 0), 2, 16, 16)]
+# (the state query at rank 0, where documents start and end: a middle rank holds no state)
 NAMES = [query.func.__name__ for query in QUERIES]
 
 
