@@ -23,7 +23,7 @@ def adjoint_summary_kernel(
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, _, flags = frag_info(frag_table, n_frag, 0)
+    first, count, _initial_row, flags = frag_info(frag_table, n_frag, 0)
     dS = tl.zeros([BK, BV], dtype=ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:  # the document ends here: its final-state gradient is row 0
