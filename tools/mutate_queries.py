@@ -173,6 +173,7 @@ def all_mutants() -> list[Mutant]:
         *binop_mutants(comm, {"_payload", "ring_elements"}),
         *constant_mutants(comm, set(), None),
         *constant_mutants(layout, {"ALIGN"}, 128),
+        *binop_mutants(layout, {"gdn_state_layout_kcp"}),
     ]
 
 
