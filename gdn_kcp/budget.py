@@ -16,7 +16,8 @@ import torch
 from gdn_kcp.cli_args import length_list, positive_int
 from gdn_kcp.context import check_ranges, context_from_split, default_ranges
 from gdn_kcp.options import OptionsKcp
-from gdn_kcp.queries import COLLECTIVES, gdn_comm_bytes_kcp, gdn_saved_layout_kcp, gdn_workspace_layout_kcp
+from gdn_kcp.queries import (COLLECTIVES, gdn_comm_bytes_kcp, gdn_saved_layout_kcp, gdn_state_layout_kcp,
+                             gdn_workspace_layout_kcp)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -106,11 +107,12 @@ def run_budget(args: argparse.Namespace) -> None:
             gdn_workspace_layout_kcp(ctx, *shapes, dtype=dtype, options=options),
             gdn_saved_layout_kcp(ctx, *shapes, dtype=dtype, options=options),
             gdn_comm_bytes_kcp(ctx, args.hv, args.k, args.v, dtype=dtype, options=options),
+            gdn_state_layout_kcp(ctx, args.hv, args.k, args.v, dtype=dtype),
         ))
     print(f"budget: T = {T} tokens in {len(bounds) - 1} documents over R = {R} ranks; "
           f"H_qk = {args.hq}, HV = {args.hv}, K = {args.k}, V = {args.v}, {args.dtype} inputs")
     print(f"  {options}")
-    for rank, (ctx, layout, saved, comm) in enumerate(ranks):
+    for rank, (ctx, layout, saved, comm, states) in enumerate(ranks):
         start, end = ranges[rank]
         flags = f"n_in={ctx.n_in} n_out={ctx.n_out} middle={ctx.rank_middle[rank]}"
         print(f"\nrank {rank}: tokens [{start}, {end}), {ctx.n_frag} fragments, {ctx.index.n_chunks} chunks, {flags}")
@@ -123,5 +125,8 @@ def run_budget(args: argparse.Namespace) -> None:
         print(f"  saved for the backward            {_mib(total)}")
         for name, spec in saved.items():
             print(f"    {name:<10s} {str(list(spec.shape)):<24s}{_mib(spec.nbytes)}")
+        print("  states (initial_state= / final_state of gdn_kcp, gdn_state_layout_kcp)")
+        for name, spec in states.items():
+            print(f"    {name:<13s} {str(list(spec.shape)):<21s}{_mib(spec.nbytes)}")
         print("  comm (send / recv B): " + "  ".join(
             f"{name} {comm[name]['send']:,d} / {comm[name]['recv']:,d}" for name in COLLECTIVES))

@@ -52,6 +52,9 @@ def test_budget_prints_every_rank(capsys):
     out = capsys.readouterr().out
     assert out.startswith("budget: T = 1000 tokens in 3 documents over R = 3 ranks")
     assert "rank 1: tokens [500, 500)" in out and "rank 2: tokens [500, 1000)" in out
+    # rank 0 starts both non-empty documents (and the empty one at 300), rank 2 ends the crossing one
+    assert out.count("initial_state ") == 3 and "initial_state [3, 4, 64, 64]" in out
+    assert "final_state   [1, 4, 64, 64]" in out
 
 
 @pytest.mark.parametrize("R", [1, 2, 3, 4, 5, 8])
