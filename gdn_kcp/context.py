@@ -111,6 +111,13 @@ class KcpContext:
             per_rank.extend(column)
         return head + per_rank
 
+    @property
+    def layout_key(self) -> tuple[int, ...]:
+        """The host facts every byte query of this rank is a function of
+        (:attr:`meta`): two contexts with equal keys have equal layouts, so a
+        workspace made for one serves the other."""
+        return tuple(self.meta)
+
     def owner_heads(self, HV: int) -> int:
         """``s_owner = ceil(HV / R)``: value heads per owner slice (the last padded)."""
         return -(-HV // self.R)

@@ -79,7 +79,7 @@ def gdn_kcp(
     the documents that end on this rank (``ctx.end_docs``). Over the ranks,
     these rows are the one-rank call's, each exactly once. Every rank of the group must call it (and its backward) together.
     ``use_qk_l2norm`` is a shortcut for ``options.use_qk_l2norm``. ``workspace``
-    (a :class:`WorkspaceKcp` of the same context, shapes, dtype and options)
+    (a :class:`WorkspaceKcp` of the same context layout, shapes, dtype and options)
     serves both calls; without it each call allocates its own.
 
     Example::

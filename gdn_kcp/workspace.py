@@ -154,7 +154,7 @@ class WorkspaceKcp:
         device: torch.device | str | None = None,
     ) -> None:
         self.options = options or OptionsKcp()
-        self.key = (id(ctx), H_qk, HV, K, V, compute_dtype(dtype), self.options)
+        self.key = (ctx.layout_key, H_qk, HV, K, V, compute_dtype(dtype), self.options)
         self.layout: WorkspaceLayout = gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
         self.storage = torch.empty(self.layout.bytes, dtype=torch.uint8, device=device)
         self.nbytes = self.layout.bytes

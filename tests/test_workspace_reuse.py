@@ -28,3 +28,15 @@ def test_workspace_for_another_call_is_refused():
         gdn_kcp(q, k, v, g, beta, ctx, workspace=wide)
     with pytest.raises(TypeError, match=r"workspace must be a WorkspaceKcp or None, got Tensor"):
         gdn_kcp(q, k, v, g, beta, ctx, workspace=torch.empty(10))
+    other_packing = build_kcp_context(torch.tensor([0, 30, 100]))
+    with pytest.raises(ValueError, match=r"workspace was made for another call \(ctx.layout_key: "):
+        gdn_kcp(q, k, v, g, beta, other_packing, workspace=WorkspaceKcp(ctx, 1, 2, 16, 16))
+
+
+def test_a_workspace_serves_every_context_with_its_layout():
+    """The workspace is keyed by the context's layout facts, not the object: a
+    context rebuilt for the same packing (a new object each step) reuses it."""
+    q, k, v, g, beta = make_inputs(100, 1, 2, 16, 16, dtype=torch.float32)
+    ws = WorkspaceKcp(build_kcp_context(torch.tensor([0, 40, 100])), 1, 2, 16, 16)
+    rebuilt = build_kcp_context([0, 40, 100])
+    assert torch.equal(gdn_kcp(q, k, v, g, beta, rebuilt, workspace=ws), gdn_kcp(q, k, v, g, beta, rebuilt))

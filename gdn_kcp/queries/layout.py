@@ -245,7 +245,7 @@ def gdn_workspace_layout_kcp(
         layout.fwd.phases["fwd.phase.walk"], layout.bwd.bytes, layout.bytes
     """
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
-    key = (tuple(ctx.meta), H_qk, HV, K, V, d.dtype, d.options)
+    key = (ctx.layout_key, H_qk, HV, K, V, d.dtype, d.options)
     layout = _LAYOUTS.get(key)
     if layout is None:
         fwd = _call_layout("fwd", forward_events(d), d)
