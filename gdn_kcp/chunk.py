@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_kcp.context import context_from_split
+from gdn_kcp.context import capped_context, context_from_split
 from gdn_kcp.ops import apply_gdn
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_flag, check_gdn_inputs
@@ -39,9 +39,16 @@ def chunk_gated_delta_rule(
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state
     fp32 (fp64 for fp64 inputs) or None. Computation is in fp32 (fp64 for fp64
-    inputs). Reads ``cu_seqlens`` on the host once per call, like FLA. It is
-    the one-rank case of :func:`gdn_kcp` (same host path, save plan and
-    workspace layout, default options).
+    inputs). It is the one-rank case of :func:`gdn_kcp` (same host path, save
+    plan and workspace layout, default options).
+
+    With ``cu_seqlens`` the chunk index is built on its device at the caps of
+    its length (a capped context, ``max_docs = N``), so under
+    ``torch.compile(fullgraph=True)`` one graph serves every packing of a
+    fixed-length ``cu_seqlens``: pad it with trailing repeats of T (zero-length
+    documents, whose initial states pass to their final states unchanged).
+    Eager calls read ``cu_seqlens`` on the host once to check it, like FLA;
+    traced calls check its values with device-side asserts instead.
 
     Example::
 
@@ -57,7 +64,10 @@ def chunk_gated_delta_rule(
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     BT = dims.B * dims.T
-    ctx = context_from_split(bounds, [(0, BT)], 0, device=q.device)
+    if cu_seqlens is None:
+        ctx = context_from_split(bounds, [(0, BT)], 0, device=q.device)
+    else:
+        ctx = capped_context(cu_seqlens.to(q.device), [(0, BT)], 0)
     o, final_state = apply_gdn(
         q.reshape(BT, dims.H_qk, dims.K),
         k.reshape(BT, dims.H_qk, dims.K),

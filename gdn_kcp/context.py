@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from gdn_kcp.validate import check_bounds, check_cu_seqlens
+from gdn_kcp.kernels.chunk_index import PADDING, capped_index
+from gdn_kcp.validate import check_bounds, check_cu_seqlens, check_max_docs
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +36,15 @@ class KcpContext:
     This rank: ``index`` (a :class:`ChunkIndex` on the CPU; on the call's device
     in a context rebuilt inside an op) and ``device_index`` (the same tables on
     ``device``); fragments carry global document ids.
+
+    Capped (``max_docs`` set, DESIGN.md §5.1): every int above is a function of
+    the caps (R, the rank ranges, ``max_docs``), never of the packing. The
+    index has the sizes of :func:`~gdn_kcp.kernels.chunk_index.capped_sizes`
+    with sentinel rows, ``n_docs = max_docs`` (the stream is padded with
+    zero-length documents at T), and the crossing facts are those of a document
+    that crosses every boundary between non-empty ranks: each such rank joins
+    every exchange, and one whose fragment does not cross sends the identity of
+    the composition (``M = 0``, ``S_loc = 0``), read from the device tables.
     """
 
     R: int
@@ -51,6 +61,11 @@ class KcpContext:
     chains: tuple[tuple[int, ...], ...]
     index: ChunkIndex
     device_index: ChunkIndex = field(repr=False)
+    max_docs: int | None = None
+
+    @property
+    def capped(self) -> bool:
+        return self.max_docs is not None
 
     @property
     def n_tokens(self) -> int:
@@ -74,25 +89,33 @@ class KcpContext:
 
     @property
     def n_start_docs(self) -> int:
-        """Documents that start on this rank (zero-length ones included): the
-        rows of a :func:`gdn_kcp` initial state."""
-        return self.index.n_frag - self.n_in
+        """Rows of a :func:`gdn_kcp` initial state: the documents that start on
+        this rank (zero-length ones included); ``max_docs`` on a capped context,
+        whose rows past ``len(start_docs)`` are padding (not read)."""
+        return self.index.n_frag if self.capped else self.index.n_frag - self.n_in
 
     @property
     def n_end_docs(self) -> int:
-        """Documents that end on this rank: the rows of a :func:`gdn_kcp` final state."""
-        return self.index.n_frag - self.n_out
+        """Rows of a :func:`gdn_kcp` final state: the documents that end on this
+        rank; ``max_docs`` on a capped context (rows past ``len(end_docs)`` are zero)."""
+        return self.index.n_frag if self.capped else self.index.n_frag - self.n_out
+
+    def _docs_without(self, flag: int) -> list[int]:
+        docs, flags = self.index.frag_doc.tolist(), self.index.frag_flags.tolist()
+        return [d for d, f in zip(docs, flags) if not f & (flag | PADDING)]
 
     @property
     def start_docs(self) -> list[int]:
-        """Global ids of the documents that start on this rank, in order (reads
-        the host index: not for a context built under FakeTensorMode)."""
-        return self.index.frag_doc.tolist()[self.n_in :]
+        """Global ids of the documents that start on this rank, in order: the
+        leading rows of the initial state (reads the host index: not for a
+        context built under FakeTensorMode)."""
+        return self._docs_without(CROSSING_IN)
 
     @property
     def end_docs(self) -> list[int]:
-        """Global ids of the documents that end on this rank, in order."""
-        return self.index.frag_doc.tolist()[: self.n_end_docs]
+        """Global ids of the documents that end on this rank, in order: the
+        leading rows of the final state."""
+        return self._docs_without(CROSSING_OUT)
 
     @property
     def exchanges(self) -> bool:
@@ -102,10 +125,12 @@ class KcpContext:
     @property
     def meta(self) -> list[int]:
         """Every host fact of this rank's view as ints (the ops take it):
-        ``[R, rank, n_tokens, n_chunks, n_frag, max_frag_chunks, n_docs]``,
-        then the flat rank ranges and, per rank, n_in, n_out, middle, prev, next."""
+        ``[R, rank, n_tokens, n_chunks, n_frag, max_frag_chunks, n_docs, capped]``,
+        then the flat rank ranges and, per rank, n_in, n_out, middle, prev, next.
+        On a capped context every one is a cap."""
         index = self.index
-        head = [self.R, self.rank, index.n_tokens, index.n_chunks, index.n_frag, index.max_frag_chunks, self.n_docs]
+        head = [self.R, self.rank, index.n_tokens, index.n_chunks, index.n_frag, index.max_frag_chunks, self.n_docs,
+                int(self.capped)]
         per_rank = [x for pair in self.rank_ranges for x in pair]
         for column in (self.rank_n_in, self.rank_n_out, self.rank_middle, self.rank_prev, self.rank_next):
             per_rank.extend(column)
@@ -115,7 +140,8 @@ class KcpContext:
     def layout_key(self) -> tuple[int, ...]:
         """The host facts every byte query of this rank is a function of
         (:attr:`meta`): two contexts with equal keys have equal layouts, so a
-        workspace made for one serves the other."""
+        workspace made for one serves the other (every packing of a capped
+        context's caps has the same key)."""
         return tuple(self.meta)
 
     def owner_heads(self, HV: int) -> int:
@@ -175,24 +201,28 @@ def _group_device(group: object) -> torch.device:
     return torch.device("cpu")
 
 
-def _check_same_everywhere(bounds: list[int], ranges: list[tuple[int, int]], group: object, R: int) -> None:
-    """One all_gather of two digests; every rank raises naming the ranks whose
-    metadata differ from rank 0's."""
+def _digest(values: object) -> int:
+    raw = hashlib.sha256(repr(values).encode()).digest()
+    return int.from_bytes(raw[:7], "little")
 
-    def digest(values: list[int]) -> int:
-        raw = hashlib.sha256(",".join(map(str, values)).encode()).digest()
-        return int.from_bytes(raw[:7], "little")
 
-    flat_ranges = [x for pair in ranges for x in pair]
+def check_same_everywhere(facts: dict[str, object], group: object, R: int, what: str) -> None:
+    """One all_gather of one digest per fact; every rank raises a ``ValueError``
+    naming the facts, and the ranks whose values differ from rank 0's."""
     device = _group_device(group)
-    mine = torch.tensor([digest(bounds), digest(flat_ranges)], dtype=torch.int64, device=device)
+    mine = torch.tensor([_digest(value) for value in facts.values()], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(R)]
     dist.all_gather(gathered, mine, group=group)
     every = torch.stack(gathered).cpu()
-    for column, name in ((0, "cu_seqlens_global"), (1, "rank_ranges")):
+    for column, name in enumerate(facts):
         differ = [r for r in range(R) if every[r, column] != every[0, column]]
         if differ:
-            raise ValueError(f"build_kcp_context: ranks {differ} were given a different {name} than rank 0")
+            raise ValueError(f"{what}: ranks {differ} were given a different {name} than rank 0")
+
+
+_AGREED_CAPS: set[tuple] = set()
+"""Caps a group's ranks were found to agree on (ints and names, no tensors):
+a capped context per step runs no collective after the first."""
 
 
 def build_kcp_context(
@@ -201,6 +231,7 @@ def build_kcp_context(
     *,
     rank_ranges: list[tuple[int, int]] | None = None,
     device: torch.device | str | None = None,
+    max_docs: int | None = None,
 ) -> KcpContext:
     """Split the packed stream of ``cu_seqlens_global`` (``[N + 1]``, int32/int64,
     or a list of ints; the same on every rank) across the ranks of ``group``.
@@ -213,9 +244,19 @@ def build_kcp_context(
     the context is a single rank. ``device``: where the device copy of the
     metadata lives (default: CUDA for an NCCL group, else CPU).
 
+    ``max_docs=N_cap`` builds a *capped* context (DESIGN.md §5.1): the stream
+    may hold at most ``N_cap`` documents (zero-length ones included; it is
+    padded with zero-length documents at T), and every shape and int the calls
+    see depends on R, ``rank_ranges`` and ``N_cap`` only, so one compiled
+    graph, one CUDA graph and one :class:`~gdn_kcp.WorkspaceKcp` serve every
+    packing. Its ranks check once per group and caps, with one small
+    collective, that they agree on the caps; an exact context (``max_docs=None``)
+    checks ``cu_seqlens_global`` and ``rank_ranges`` on every build.
+
     Example::
 
         ctx = build_kcp_context(torch.tensor([0, 700, 1000, 4096]), rank_ranges=[(0, 1000), (1000, 4096)])
+        ctx = build_kcp_context(cu_seqlens_of_this_step, max_docs=64)   # training: one layout for every step
     """
     if isinstance(cu_seqlens_global, (list, tuple)):
         bounds = check_bounds("cu_seqlens_global", cu_seqlens_global, None)
@@ -227,6 +268,8 @@ def build_kcp_context(
         raise TypeError(
             f"cu_seqlens_global must be a torch.Tensor or a list of ints [N + 1], got {type(cu_seqlens_global).__name__}"
         )
+    if max_docs is not None:
+        check_max_docs(max_docs, len(bounds) - 1, "cu_seqlens_global")
     if dist.is_available() and dist.is_initialized():
         R, rank = dist.get_world_size(group), dist.get_rank(group)
         if rank < 0:
@@ -237,12 +280,17 @@ def build_kcp_context(
     else:
         raise ValueError(f"group={group!r} was given but torch.distributed is not initialised")
     ranges = default_ranges(T, R) if rank_ranges is None else check_ranges(rank_ranges, T, R)
-    if R > 1:
-        _check_same_everywhere(bounds, ranges, group, R)
+    if R > 1 and max_docs is None:
+        check_same_everywhere({"cu_seqlens_global": bounds, "rank_ranges": ranges}, group, R, "build_kcp_context")
+    elif R > 1 and (group_name, tuple(ranges), max_docs) not in _AGREED_CAPS:
+        check_same_everywhere({"rank_ranges": ranges, "max_docs": max_docs}, group, R,
+                              "build_kcp_context (capped)")
+        _AGREED_CAPS.add((group_name, tuple(ranges), max_docs))
 
     if device is None:
         device = _group_device(group) if R > 1 else torch.device("cpu")
-    return context_from_split(bounds, ranges, rank, group=group, group_name=group_name, device=device)
+    return context_from_split(bounds, ranges, rank, group=group, group_name=group_name, device=device,
+                              max_docs=max_docs)
 
 
 def context_from_split(
@@ -253,10 +301,16 @@ def context_from_split(
     group: object = None,
     group_name: str = "",
     device: torch.device | str = "cpu",
+    max_docs: int | None = None,
 ) -> KcpContext:
     """The context of ``rank`` for document bounds and checked rank ranges: a
     pure function (no collective), also used to ask byte queries about any rank
-    of any split without a process group."""
+    of any split without a process group. ``max_docs``: a capped context
+    (``bounds`` holds at most ``max_docs`` documents)."""
+    if max_docs is not None:
+        check_max_docs(max_docs, len(bounds) - 1, "bounds")
+        padded = torch.tensor(bounds + [bounds[-1]] * (max_docs + 1 - len(bounds)), dtype=torch.int64)
+        return capped_context(padded, ranges, rank, group=group, group_name=group_name, device=device)
     R = len(ranges)
     every_rank = [rank_fragments(bounds, start, end, r == R - 1) for r, (start, end) in enumerate(ranges)]
     rank_n_in = tuple(int(any(f[3] & CROSSING_IN for f in frags)) for frags in every_rank)
@@ -270,10 +324,7 @@ def context_from_split(
             if flags:
                 chain_ranks.setdefault(doc, []).append(r)
     chains = tuple(tuple(chain_ranks[doc]) for doc in sorted(chain_ranks))
-    rank_prev, rank_next = [-1] * R, [-1] * R
-    for chain in chains:
-        for before, after in zip(chain, chain[1:]):
-            rank_next[before], rank_prev[after] = after, before
+    rank_prev, rank_next = _neighbours(chains, R)
 
     mine = every_rank[rank]  # documents tile the stream, so their parts tile the range
     index = ChunkIndex.from_fragments(
@@ -284,8 +335,47 @@ def context_from_split(
     return KcpContext(
         R=R, rank=rank, group=group, group_name=group_name, rank_ranges=tuple(ranges), n_docs=len(bounds) - 1,
         rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
-        rank_prev=tuple(rank_prev), rank_next=tuple(rank_next), chains=chains,
+        rank_prev=rank_prev, rank_next=rank_next, chains=chains,
         index=index, device_index=index.to(device),
+    )
+
+
+def _neighbours(chains: tuple[tuple[int, ...], ...], R: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(rank_prev, rank_next)`` along the chains (-1 for none)."""
+    rank_prev, rank_next = [-1] * R, [-1] * R
+    for chain in chains:
+        for before, after in zip(chain, chain[1:]):
+            rank_next[before], rank_prev[after] = after, before
+    return tuple(rank_prev), tuple(rank_next)
+
+
+def capped_context(
+    cu_seqlens: torch.Tensor,
+    ranges: list[tuple[int, int]],
+    rank: int,
+    *,
+    group: object = None,
+    group_name: str = "",
+    device: torch.device | str | None = None,
+) -> KcpContext:
+    """The capped context of ``rank`` for a stream of ``N = len(cu_seqlens) - 1``
+    documents (``max_docs = N``): no host read of ``cu_seqlens`` (torch ops at
+    static shapes, traceable; the caller checks its values). The index is built
+    on ``cu_seqlens``'s device and copied to ``device`` when that differs."""
+    R = len(ranges)
+    filled = [r for r, (start, end) in enumerate(ranges) if end > start]
+    chains = (tuple(filled),) if len(filled) > 1 else ()
+    rank_prev, rank_next = _neighbours(chains, R)
+    rank_n_in = tuple(int(p >= 0) for p in rank_prev)
+    rank_n_out = tuple(int(n >= 0) for n in rank_next)
+    rank_middle = tuple(a & b for a, b in zip(rank_n_in, rank_n_out))
+    start, end = ranges[rank]
+    index = capped_index(cu_seqlens, start, end, last_rank=rank == R - 1)
+    return KcpContext(
+        R=R, rank=rank, group=group, group_name=group_name, rank_ranges=tuple(ranges),
+        n_docs=cu_seqlens.shape[0] - 1, rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
+        rank_prev=rank_prev, rank_next=rank_next, chains=chains, index=index,
+        device_index=index if device is None else index.to(device), max_docs=cu_seqlens.shape[0] - 1,
     )
 
 
@@ -295,9 +385,9 @@ def context_from_meta(
     """Rebuild a context from what the ops take (:attr:`KcpContext.meta`, the two
     index tables on the call's device, the group's name). No host sync: the
     tables are used as they are."""
-    R, rank, n_tokens, n_chunks, n_frag, max_frag_chunks, n_docs = meta[:7]
-    flat = meta[7 : 7 + 2 * R]
-    columns = [tuple(meta[7 + 2 * R + i * R : 7 + 2 * R + (i + 1) * R]) for i in range(5)]
+    R, rank, n_tokens, n_chunks, n_frag, max_frag_chunks, n_docs, capped = meta[:8]
+    flat = meta[8 : 8 + 2 * R]
+    columns = [tuple(meta[8 + 2 * R + i * R : 8 + 2 * R + (i + 1) * R]) for i in range(5)]
     rank_n_in, rank_n_out, rank_middle, rank_prev, rank_next = columns
     chains: list[tuple[int, ...]] = []
     for r in range(R):
@@ -317,4 +407,5 @@ def context_from_meta(
         rank_ranges=tuple((flat[2 * r], flat[2 * r + 1]) for r in range(R)), n_docs=n_docs,
         rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle, rank_prev=rank_prev,
         rank_next=rank_next, chains=tuple(chains), index=index, device_index=index,
+        max_docs=n_docs if capped else None,
     )

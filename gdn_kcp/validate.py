@@ -66,6 +66,34 @@ def check_cu_seqlens(cu_seqlens: object, T: int | None, name: str = "cu_seqlens"
     return check_bounds(name, cu_seqlens.tolist(), T)
 
 
+def check_cu_seqlens_traced(cu_seqlens: object, T: int, name: str = "cu_seqlens") -> None:
+    """What can be checked of ``cu_seqlens`` without reading it (its type,
+    rank and dtype), plus device-side asserts of its values (start at 0,
+    non-decreasing, end at ``T``): for traced code, where a host read would
+    break the graph. A bad value fails the step at its next sync."""
+    check_tensor(name, cu_seqlens, 1, "[N + 1]")
+    if cu_seqlens.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.shape[0] == 0:
+        raise ValueError(f"{name} must start at 0, got an empty tensor")
+    torch._assert_async(cu_seqlens[0] == 0, f"{name} must start at 0")
+    torch._assert_async(cu_seqlens[-1] == T, f"{name} must end at T = {T}")
+    torch._assert_async((cu_seqlens[1:] >= cu_seqlens[:-1]).all(), f"{name} must be non-decreasing")
+
+
+def check_max_docs(max_docs: object, n_docs: int, source: str) -> None:
+    """``max_docs``: a positive int at least the ``n_docs`` documents of ``source``."""
+    if isinstance(max_docs, bool) or not isinstance(max_docs, int):
+        raise TypeError(f"max_docs must be an int or None, got {type(max_docs).__name__} {max_docs!r}")
+    if max_docs < 1:
+        raise ValueError(f"max_docs must be at least 1, got {max_docs}")
+    if n_docs > max_docs:
+        raise ValueError(
+            f"{source} holds {n_docs} documents, more than max_docs = {max_docs}: raise the cap "
+            f"(one value for the whole run) or split the packing"
+        )
+
+
 def check_bounds(name: str, values: object, T: int | None) -> list[int]:
     """Document bounds ``[0, ..., T]``: start at 0, non-decreasing, end at ``T``
     (when given)."""
@@ -96,11 +124,12 @@ def check_gdn_inputs(
     initial_state: object,
     cu_seqlens: object,
     initial_rows: tuple[int, str] | None = None,
-) -> tuple[GdnDims, list[int]]:
+) -> tuple[GdnDims, list[int] | None]:
     """Check the FLA-layout inputs; return their sizes and the document bounds
-    over the flattened ``B * T`` tokens. ``initial_rows`` (count, symbol) sets
-    the rows initial_state must have when they are not the N documents (a KCP
-    rank holds the documents that start on it)."""
+    over the flattened ``B * T`` tokens (None for a ``cu_seqlens`` checked in
+    traced code: :func:`check_cu_seqlens_traced`). ``initial_rows`` (count,
+    symbol) sets the rows initial_state must have when they are not the N
+    documents (a KCP rank holds the documents that start on it)."""
     check_tensor("q", q, 4, "[B, T, H_qk, K]")
     check_tensor("k", k, 4, "[B, T, H_qk, K]")
     check_tensor("v", v, 4, "[B, T, HV, V]")
@@ -133,8 +162,12 @@ def check_gdn_inputs(
     else:
         if B != 1:
             raise ValueError(f"with cu_seqlens the batch must be 1 (packed), got B = {B}")
-        bounds = check_cu_seqlens(cu_seqlens, T)
-    N = len(bounds) - 1
+        if torch.compiler.is_compiling():
+            check_cu_seqlens_traced(cu_seqlens, T)
+            bounds = None
+        else:
+            bounds = check_cu_seqlens(cu_seqlens, T)
+    N = len(bounds) - 1 if bounds is not None else cu_seqlens.shape[0] - 1
     if initial_state is not None:
         rows, rows_name = (N, "N") if initial_rows is None else initial_rows
         layout = f"[{rows_name}, HV, K, V]"

@@ -21,6 +21,13 @@ CROSSING_IN = 1
 CROSSING_OUT = 2
 """Fragment flag: the document continues on a later rank."""
 
+PADDING = 4
+"""Fragment flag of a sentinel row of a capped index. A sentinel is stored as
+``PADDING | CROSSING_IN | CROSSING_OUT`` with no chunks: it reads no initial
+state and writes no final state, so the walks need no branch of their own."""
+
+SENTINEL_FLAGS = PADDING | CROSSING_IN | CROSSING_OUT
+
 
 @dataclass(frozen=True)
 class ChunkIndex:
@@ -38,6 +45,11 @@ class ChunkIndex:
     Each row is a property (a view). Ints: ``n_tokens``, ``n_chunks``,
     ``n_frag``, ``max_frag_chunks`` (the number of steps of a state walk).
     The two tables are what the ops take.
+
+    A *capped* index (:func:`capped_index`) has the ints of its caps and
+    sentinel rows after the real ones: chunks of length 0 (every program
+    masks all of their rows) and fragments flagged ``SENTINEL_FLAGS`` with
+    document id -1.
     """
 
     chunk_table: torch.Tensor
@@ -102,6 +114,66 @@ class ChunkIndex:
             self.chunk_table.to(device), self.frag_table.to(device),
             self.n_tokens, self.n_chunks, self.n_frag, self.max_frag_chunks,
         )
+
+
+def capped_sizes(n_tokens: int, max_docs: int) -> tuple[int, int, int]:
+    """``(n_chunks, n_frag, max_frag_chunks)`` of a capped index: the most any
+    packing of ``max_docs`` documents can give a range of ``n_tokens`` tokens.
+
+    Fragments are parts of distinct documents, so at most ``max_docs``; at most
+    ``m = min(max_docs, n_tokens)`` of them hold tokens, and ``m`` fragments of
+    lengths ``L_i`` summing to ``n_tokens`` cut ``sum ceil(L_i / C) <=
+    (n_tokens + m (C - 1)) // C`` chunks (equality at lengths ``= 1 mod C``).
+    """
+    m = min(max_docs, n_tokens)
+    return (n_tokens + m * (CHUNK_SIZE - 1)) // CHUNK_SIZE, max_docs, -(-n_tokens // CHUNK_SIZE)
+
+
+def capped_index(cu_seqlens: torch.Tensor, start: int, end: int, *, last_rank: bool) -> ChunkIndex:
+    """The index of token range ``[start, end)`` of the stream ``cu_seqlens``
+    (``[N + 1]``, valid bounds ending at the stream's T), at the caps of ``N``
+    documents (:func:`capped_sizes`), built on ``cu_seqlens``'s device.
+
+    Torch ops at static shapes only (no host read, no data-dependent shape), so
+    it traces into one graph for every packing of N documents. A zero-length
+    document at position p belongs to the range with ``start <= p < end`` (the
+    last range for p = T), as in an exact index. Example: ``capped_index(
+    torch.tensor([0, 100, 100, 130]), 0, 130, last_rank=True)`` has fragments of
+    100, 0 and 30 tokens in 2 + 0 + 1 chunks, padded to 4 chunk rows.
+    """
+    C = CHUNK_SIZE
+    cu = cu_seqlens.to(torch.int64)
+    N, device = cu.shape[0] - 1, cu.device
+    if N == 0:  # an empty stream
+        return ChunkIndex.from_fragments([0], device=device)
+    n_chunks, n_frag, max_frag_chunks = capped_sizes(end - start, N)
+    s, e = cu[:-1], cu[1:]
+    lo, hi = s.clamp(start, end), e.clamp(start, end)
+    length = hi - lo
+    here = (s >= start) & ((s < end) | (s == end) if last_rank else (s < end))
+    exists = (length > 0) | ((s == e) & here)
+    flags = (s < start).long() * CROSSING_IN + (e > end).long() * CROSSING_OUT
+    frag_chunks = torch.where(exists, (length + C - 1) // C, 0)
+    first_chunk = torch.cumsum(frag_chunks, 0) - frag_chunks
+    columns = torch.stack([lo - start, length, first_chunk, frag_chunks, torch.arange(N, device=device), flags])
+    # real fragments go to their rank order, the others to a spare column N that is dropped
+    slot = torch.where(exists, torch.cumsum(exists.long(), 0) - 1, N)
+    # a sentinel's chunk range is empty and starts past every real one (keeps the ends sorted)
+    sentinel = torch.tensor([end - start, 0, n_chunks, 0, -1, SENTINEL_FLAGS], dtype=torch.int64, device=device)
+    frag_table = sentinel[:, None].expand(6, N + 1).index_copy(1, slot, columns)[:, :N]
+
+    # chunk j lies in the first fragment whose chunk range ends after j
+    j = torch.arange(n_chunks, device=device)
+    f = torch.searchsorted(frag_table[2] + frag_table[3], j, right=True).clamp(max=N - 1)
+    real = j < frag_chunks.sum()
+    offset = (j - frag_table[2].gather(0, f)) * C
+    chunk_table = torch.stack([
+        torch.where(real, frag_table[0].gather(0, f) + offset, 0),
+        torch.where(real, (frag_table[1].gather(0, f) - offset).clamp(max=C), 0),
+        torch.where(real, f, 0),
+    ])
+    return ChunkIndex(chunk_table.to(torch.int32), frag_table.to(torch.int32), end - start, n_chunks, n_frag,
+                      max_frag_chunks)
 
 
 def initial_row_shift(frag_flags: torch.Tensor) -> torch.Tensor:

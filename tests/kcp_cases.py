@@ -64,17 +64,27 @@ CASES = {
 STATE_NAMES = ("final_state", "d_initial_state")
 
 
-def reference(case: KcpCase, states: bool):
+def padded_bounds(case: KcpCase, max_docs: int | None) -> tuple[int, ...]:
+    """The case's bounds, padded to ``max_docs`` documents with zero-length ones at T."""
+    if max_docs is None:
+        return case.bounds
+    return case.bounds + (case.bounds[-1],) * (max_docs + 1 - len(case.bounds))
+
+
+def reference(case: KcpCase, states: bool, max_docs: int | None = None):
     """Single-rank output and gradients on the unsplit stream, for a fixed dO
     (with ``states``: from random initial states, with the final states in the
-    loss, and then also the final states and the initial-state gradient)."""
-    T, N = case.bounds[-1], len(case.bounds) - 1
+    loss, and then also the final states and the initial-state gradient).
+    ``max_docs``: the stream padded with zero-length documents at T, as a
+    capped context pads it."""
+    bounds = padded_bounds(case, max_docs)
+    T, N = bounds[-1], len(bounds) - 1
     inputs = make_inputs(T, case.H_qk, case.HV, case.K, case.V, dtype=case.dtype, seed=case.seed, l2=case.l2)
     gen = torch.Generator().manual_seed(case.seed + 7)
     cdt = torch.float64 if case.dtype == torch.float64 else torch.float32
     state0 = torch.randn(N, case.HV, case.K, case.V, generator=gen).to(cdt) if states else None
     leaves = [x.clone().requires_grad_() for x in inputs] + ([state0.clone().requires_grad_()] if states else [])
-    cu = torch.tensor(case.bounds, dtype=torch.int64)
+    cu = torch.tensor(bounds, dtype=torch.int64)
     o, fs = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5] if states else None, cu_seqlens=cu,
                                    output_final_state=states, use_qk_l2norm_in_kernel=case.l2)
     do = torch.randn(o.shape, generator=gen).to(case.dtype)
@@ -90,23 +100,33 @@ def reference(case: KcpCase, states: bool):
     return inputs, (do, state0, dfs), expected
 
 
-def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, expected) -> None:
+def padded_rows(rows: torch.Tensor, n_rows: int, fill: float) -> torch.Tensor:
+    """``rows`` followed by ``fill`` rows up to ``n_rows`` (a capped context's padding)."""
+    return torch.cat([rows, rows.new_full((n_rows - rows.shape[0],) + rows.shape[1:], fill)])
+
+
+def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, expected,
+                       max_docs: int | None = None) -> None:
     """Run gdn_kcp on this rank's range; compare o and every gradient with the
     single-rank rows (with states: the final states of the documents that end
     here, the initial-state gradient of those that start here), and the
-    counted comm bytes with gdn_comm_bytes_kcp."""
+    counted comm bytes with gdn_comm_bytes_kcp. ``max_docs``: a capped
+    context; its padding rows of the initial states hold NaN (never read), of
+    the final states and initial-state gradients zeros."""
     do, state0, dfs = given
-    ctx = build_kcp_context(torch.tensor(case.bounds), rank_ranges=case.ranges and list(case.ranges))
+    ctx = build_kcp_context(torch.tensor(case.bounds), rank_ranges=case.ranges and list(case.ranges),
+                            max_docs=max_docs)
     start, end = ctx.rank_ranges[rank]
     mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
     options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2)
     states = state0 is not None
     with record_comm_bytes() as log:
         if states:
-            mine.append(state0[ctx.start_docs].clone().requires_grad_())
+            mine.append(padded_rows(state0[ctx.start_docs], ctx.n_start_docs, float("nan")).requires_grad_())
             o, fs = gdn_kcp(*mine[:5], ctx, options=options, initial_state=mine[5], output_final_state=True)
             assert fs.shape == (ctx.n_end_docs, case.HV, case.K, case.V)
-            grads = torch.autograd.grad((o * do[:, start:end]).sum() + (fs * dfs[ctx.end_docs]).sum(), mine)
+            d_fs = padded_rows(dfs[ctx.end_docs], ctx.n_end_docs, 0.0)
+            grads = torch.autograd.grad((o * do[:, start:end]).sum() + (fs * d_fs).sum(), mine)
             outputs = [o, *grads[:5], fs, grads[5]]
             queried = gdn_state_layout_kcp(ctx, case.HV, case.K, case.V, dtype=case.dtype)
             for name, tensor in (("final_state", fs), ("initial_state", mine[5]), ("initial_state", grads[5])):
@@ -120,9 +140,9 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
     assert len(outputs) == len(expected) == (8 if states else 6), where
     for name, ours, ref in zip(names, outputs, expected):
         if name == "final_state":
-            ref = ref[ctx.end_docs]
+            ref = padded_rows(ref[ctx.end_docs], ctx.n_end_docs, 0.0)
         elif name == "d_initial_state":
-            ref = ref[ctx.start_docs]
+            ref = padded_rows(ref[ctx.start_docs], ctx.n_start_docs, 0.0)
         else:
             ref = ref[:, start:end]
         assert ours.shape == ref.shape and ours.dtype == ref.dtype, (where, name)
@@ -137,11 +157,13 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
 
 
 def run_cases(rank: int, R: int) -> None:
-    """Every case of R ranks: a2a with initial and final states, ring without."""
+    """Every case of R ranks: a2a with initial and final states, ring without;
+    then capped (two spare document slots): a2a with states, ring without."""
     for case in CASES[R]:
-        for exchange, states in (("a2a", True), ("ring", False)):
-            inputs, given, expected = reference(case, states)
-            check_case_on_rank(case, rank, exchange, inputs, given, expected)
+        for exchange, states, max_docs in (("a2a", True, None), ("ring", False, None),
+                                           ("a2a", True, len(case.bounds) + 1), ("ring", False, len(case.bounds))):
+            inputs, given, expected = reference(case, states, max_docs)
+            check_case_on_rank(case, rank, exchange, inputs, given, expected, max_docs)
 
 
 def expect_metadata_error(rank: int, R: int) -> None:

@@ -6,13 +6,18 @@ Each chunk is affine in its start state, ``S_C = T_c S0 + B_c`` with
 ``S_end = M S_start + S_loc``, ``M = T_n ... T_1``. M is only needed when the
 fragment also crosses in (a middle rank); a fragment that starts its document
 walks from its initial state (zero without one) and sends ``S_loc`` alone.
+
+On a capped index the crossing-out fragment is the last real one (sentinels
+follow it), and a rank whose fragments do not cross out, or whose crossing-out
+fragment starts here, writes the composition's identity (``S_loc = 0``, and
+``M = 0``): read from the device table.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..chunk_index import CROSSING_IN, ChunkIndex
+from ..chunk_index import CROSSING_IN, CROSSING_OUT, PADDING, ChunkIndex
 from ._chunks import chunk_rows, to_chunks
 from ._walk import state_step, walk_operands
 from .tape_walk import gather_states
@@ -46,13 +51,17 @@ def summary_walk(
     # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
     # [T_c S + B_c | T_c M], and it starts at [S_start | I].
     X = s_loc_out.new_zeros(1, HV, K, V + (K if m_out is not None else 0))
-    last = index.n_frag - 1
-    X[..., :V] = gather_states(index, initial_state, CROSSING_IN, X.new_zeros(index.n_frag, HV, K, V))[last:]
+    last = ((index.frag_flags & PADDING) == 0).sum().sub(1).clamp(min=0).reshape(1)
+    flags = index.frag_flags[last]
+    crosses_out = (flags & (CROSSING_OUT | PADDING)) == CROSSING_OUT
+    middle = crosses_out & ((flags & CROSSING_IN) != 0)
+    starts = gather_states(index, initial_state, CROSSING_IN, X.new_zeros(index.n_frag, HV, K, V))[last]
+    X[..., :V] = torch.where(crosses_out[:, None, None, None], starts, 0)
     if m_out is not None:
         uc = torch.cat([uc, uc.new_zeros(uc.shape[:-1] + (K,))], dim=-1)
-        X[..., V:] = torch.eye(K, dtype=cdt, device=X.device)
-    n = index.frag_n_chunks[last : last + 1].long()
-    first = index.frag_first_chunk[last : last + 1].long()
+        X[..., V:] = torch.eye(K, dtype=cdt, device=X.device) * middle[:, None, None, None]
+    n = torch.where(crosses_out, index.frag_n_chunks[last].long(), 0)
+    first = index.frag_first_chunk[last].long()
     for j in range(index.max_frag_chunks):
         c = (first + j).clamp(max=index.n_chunks - 1)
         _, X_next = state_step(ops, uc, c, X)

@@ -166,6 +166,18 @@ def store_state_strided(ptr, x, h, stride_h, stride_k, K, V, col0, BK: tl.conste
 
 
 @triton.jit
+def last_real_fragment(frag_table, n_frag, BF: tl.constexpr):
+    """The last fragment that is not a sentinel (sentinels follow the real
+    ones; 0 when there is none)."""
+    n_real = tl.sum(tl.zeros([BF], dtype=tl.int32), 0)
+    for f0 in range(0, n_frag, BF):
+        o_f = f0 + tl.arange(0, BF)
+        b_flags = tl.load(frag_table + 5 * n_frag + o_f, mask=o_f < n_frag, other=4)
+        n_real += tl.sum(((b_flags & 4) == 0).to(tl.int32), 0)
+    return tl.maximum(n_real - 1, 0)
+
+
+@triton.jit
 def frag_info(frag_table, n_frag, f):
     """Fragment ``f``: first chunk, chunk count, its row in the initial states
     (``f - n_in``; its final-state row is f) and its crossing flags."""

@@ -24,9 +24,11 @@ def adjoint_summary_kernel(
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
     first, count, _initial_row, flags = frag_info(frag_table, n_frag, 0)
+    crosses_in = (flags & 5) == 1  # not on a capped index whose fragment 0 starts here: nu = 0
+    count = tl.where(crosses_in, count, 0)
     dS = tl.zeros([BK, BV], dtype=ACC)
     if HAS_FINAL:
-        if (flags & 2) == 0:  # the document ends here: its final-state gradient is row 0
+        if crosses_in & ((flags & 2) == 0):  # the document ends here: its final-state gradient is row 0
             dS = load_state(d_final, 0, HV, i_h, K, V, col, BK, BV, ACC)
     for jj in range(0, count):
         c = first + count - 1 - jj

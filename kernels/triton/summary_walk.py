@@ -9,8 +9,11 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, store_state_strided,
-                      value_block, walk_operands)
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, last_real_fragment, load_rows_cols, load_state,
+                      store_state_strided, value_block, walk_operands)
+
+BF = 64
+"""Fragment flags read per step of the search for the last real fragment."""
 
 
 @triton.jit
@@ -22,19 +25,24 @@ def summary_walk_kernel(
 ):
     """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it; the walk starts
     at the fragment's initial state when it starts its document and has one),
-    K for M (u = 0, the walk starts at the identity)."""
+    K for M (u = 0, the walk starts at the identity). Without a crossing-out
+    fragment (a capped index) both stay 0, and so does M when the fragment
+    starts its document here: the identity of the composition."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, initial_row, flags = frag_info(frag_table, n_frag, n_frag - 1)
+    first, count, initial_row, flags = frag_info(frag_table, n_frag, last_real_fragment(frag_table, n_frag, BF))
+    crosses_out = (flags & 6) == 2
+    count = tl.where(crosses_out, count, 0)
     o_k = tl.arange(0, BK)
     o_c = col + tl.arange(0, BV)
     if IS_M:
-        S = tl.where(o_k[:, None] == o_c[None, :], 1.0, 0.0).to(ACC)
+        middle = crosses_out & ((flags & 1) != 0)
+        S = tl.where((o_k[:, None] == o_c[None, :]) & middle, 1.0, 0.0).to(ACC)
     else:
         S = tl.zeros([BK, BV], dtype=ACC)
         if HAS_INITIAL:
-            if (flags & 1) == 0:
+            if crosses_out & ((flags & 1) == 0):
                 S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
     for j in range(0, count):
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
