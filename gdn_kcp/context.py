@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from gdn_kcp.kernels.chunk_index import PADDING, capped_index
+from gdn_kcp.kernels.chunk_index import PADDING, capped_index, static_length
 from gdn_kcp.validate import check_bounds, check_cu_seqlens, check_max_docs
 
 
@@ -371,11 +371,12 @@ def capped_context(
     rank_middle = tuple(a & b for a, b in zip(rank_n_in, rank_n_out))
     start, end = ranges[rank]
     index = capped_index(cu_seqlens, start, end, last_rank=rank == R - 1)
+    n_docs = static_length(cu_seqlens) - 1
     return KcpContext(
         R=R, rank=rank, group=group, group_name=group_name, rank_ranges=tuple(ranges),
-        n_docs=cu_seqlens.shape[0] - 1, rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
+        n_docs=n_docs, rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
         rank_prev=rank_prev, rank_next=rank_next, chains=chains, index=index,
-        device_index=index if device is None else index.to(device), max_docs=cu_seqlens.shape[0] - 1,
+        device_index=index if device is None else index.to(device), max_docs=n_docs,
     )
 
 

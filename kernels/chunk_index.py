@@ -129,6 +129,14 @@ def capped_sizes(n_tokens: int, max_docs: int) -> tuple[int, int, int]:
     return (n_tokens + m * (CHUNK_SIZE - 1)) // CHUNK_SIZE, max_docs, -(-n_tokens // CHUNK_SIZE)
 
 
+def static_length(x: torch.Tensor) -> int:
+    """``len(x)`` as a Python int even when torch.compile traces it as a symbol
+    (after a length changed between calls): the document count is a cap, so
+    every length gets its own graph. ``range`` is a place where Dynamo turns a
+    symbol into its value, with a guard on it."""
+    return len(range(x.shape[0]))
+
+
 def capped_index(cu_seqlens: torch.Tensor, start: int, end: int, *, last_rank: bool) -> ChunkIndex:
     """The index of token range ``[start, end)`` of the stream ``cu_seqlens``
     (``[N + 1]``, valid bounds ending at the stream's T), at the caps of ``N``
@@ -143,7 +151,7 @@ def capped_index(cu_seqlens: torch.Tensor, start: int, end: int, *, last_rank: b
     """
     C = CHUNK_SIZE
     cu = cu_seqlens.to(torch.int64)
-    N, device = cu.shape[0] - 1, cu.device
+    N, device = static_length(cu) - 1, cu.device
     if N == 0:  # an empty stream
         return ChunkIndex.from_fragments([0], device=device)
     n_chunks, n_frag, max_frag_chunks = capped_sizes(end - start, N)

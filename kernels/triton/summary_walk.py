@@ -12,7 +12,7 @@ from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, dot, frag_info, head_block, last_real_fragment, load_rows_cols, load_state,
                       store_state_strided, value_block, walk_operands)
 
-BF = 64
+BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
 
 
