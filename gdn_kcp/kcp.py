@@ -80,7 +80,11 @@ def gdn_kcp(
     these rows are the one-rank call's, each exactly once. Every rank of the group must call it (and its backward) together.
     ``use_qk_l2norm`` is a shortcut for ``options.use_qk_l2norm``. ``workspace``
     (a :class:`WorkspaceKcp` of the same context layout, shapes, dtype and options)
-    serves both calls; without it each call allocates its own.
+    serves both calls; without it each call allocates its own. The first
+    eager call through a workspace checks, with one all-gather, that every
+    rank calls with the same shapes, dtypes and options (as
+    ``GDN_KCP_CHECK_RANKS=1`` does on every call): a rank that differs gets
+    the same ``ValueError`` on every rank, not a hang or a mixed result.
 
     Example::
 
@@ -89,8 +93,12 @@ def gdn_kcp(
         o = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
                     g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm=True)
     """
+    first_workspace_call = isinstance(workspace, WorkspaceKcp) and not workspace.ranks_agreed
     check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm,
-                      workspace=workspace, initial_state=initial_state, output_final_state=output_final_state)
+                      workspace=workspace, initial_state=initial_state, output_final_state=output_final_state,
+                      first_workspace_call=first_workspace_call)
+    if first_workspace_call and not torch.compiler.is_compiling():
+        workspace.ranks_agreed = True
     options, dims = check_kcp_inputs(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
                                      output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
                                      options=options, workspace=workspace)

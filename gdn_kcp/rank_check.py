@@ -137,8 +137,10 @@ def check_ranks_agree(
     workspace: object = None,
     initial_state: object = None,
     output_final_state: object = False,
+    first_workspace_call: bool = False,
 ) -> None:
-    """With ``GDN_KCP_CHECK_RANKS=1``, check that every rank of ``ctx.group``
+    """With ``GDN_KCP_CHECK_RANKS=1`` (or ``first_workspace_call``: the first
+    eager call through a held :class:`~gdn_kcp.WorkspaceKcp`), check that every rank of ``ctx.group``
     calls :func:`gdn_kcp.gdn_kcp` with the same context, B, H_qk, K, HV, V,
     dtypes (q/k/v, g, beta), device type, scale, options, initial-state and
     final-state use, and a token count T equal to its context range; and that
@@ -155,7 +157,7 @@ def check_ranks_agree(
         ValueError: GDN_KCP_CHECK_RANKS: ranks [1] pass a token count T that disagrees
         with the context (rank 1: T = 500, rank_ranges[1] = (512, 1024) holds 512)
     """
-    if torch.compiler.is_compiling() or not check_ranks_enabled():
+    if torch.compiler.is_compiling() or not (check_ranks_enabled() or first_workspace_call):
         return
     if not isinstance(ctx, KcpContext) or ctx.R == 1 or not (dist.is_available() and dist.is_initialized()):
         return
@@ -226,4 +228,5 @@ def check_ranks_agree(
         own = f" (rank {me}: {type(local_error).__name__}: {local_error})" if local_error else ""
         problems.append(f"the inputs of ranks {failed} fail gdn_kcp's input checks{own}")
     if problems:
-        raise ValueError(f"{ENV_VAR}: " + "; ".join(problems)) from local_error
+        what = ENV_VAR if check_ranks_enabled() else "the first call through this WorkspaceKcp"
+        raise ValueError(f"{what}: " + "; ".join(problems)) from local_error

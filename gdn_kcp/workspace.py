@@ -139,6 +139,8 @@ class WorkspaceKcp:
     every :func:`gdn_kcp.gdn_kcp` call of that layer, forward and backward, step
     after step. Nothing stays bound between calls, so a step binds exactly what
     the first one did; with ``graph="replay"`` every pool keeps its address.
+    On a capped context (``build_kcp_context(..., max_docs=)``) the layout is
+    a function of the caps, so one workspace serves every packing of a run.
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class WorkspaceKcp:
         self.layout: WorkspaceLayout = gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
         self.storage = torch.empty(self.layout.bytes, dtype=torch.uint8, device=device)
         self.nbytes = self.layout.bytes
+        self.ranks_agreed = ctx.R == 1  # set by the first eager gdn_kcp call through it (one all-gather)
 
     def arena(self, call: str) -> Arena:
         return Arena(self.storage, getattr(self.layout, call), graph=self.options.graph == "replay")

@@ -123,3 +123,37 @@ def test_one_rank_needs_no_collective(monkeypatch):
         o = gdn_kcp(*inputs, ctx)
     assert all_gather.call_count == 0
     assert o.shape == (1, T, HV, V)
+
+
+def _held_workspace_checks_once(rank: int, R: int) -> None:
+    """Without the switch: building capped contexts runs one all_gather for the
+    caps, then none per step; the first call through a held workspace runs one,
+    later calls none; a rank whose HV or use_qk_l2norm differs makes every rank
+    raise at its first call, naming the field."""
+    from gdn_kcp import OptionsKcp, WorkspaceKcp
+
+    os.environ[ENV_VAR] = "0"
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=30))
+    with mock.patch.object(dist, "all_gather", wraps=dist.all_gather) as all_gather:
+        contexts = [build_kcp_context(bounds, group, max_docs=4) for bounds in (BOUNDS, [0, 150, 200], [0, 200])]
+    assert all_gather.call_count == 1, all_gather.call_count
+    start, end = contexts[0].rank_ranges[rank]
+    mismatches = (("HV", _on_rank_1(rank, HV, 2 * HV), False), ("use_qk_l2norm", HV, _on_rank_1(rank, False, True)))
+    for field, hv, l2 in mismatches:
+        options = OptionsKcp(use_qk_l2norm=l2)
+        workspace = WorkspaceKcp(contexts[0], H_qk, hv, K, V, dtype=torch.float64, options=options)
+        mine = [x[:, start:end] for x in make_inputs(T, H_qk, hv, K, V)]
+        expected = rf"first call through this WorkspaceKcp: ranks \[1\] differ from rank 0 in {field}"
+        with pytest.raises(ValueError, match=expected):
+            gdn_kcp(*mine, contexts[0], options=options, workspace=workspace)
+    options = OptionsKcp()
+    workspace = WorkspaceKcp(contexts[0], H_qk, HV, K, V, dtype=torch.float64, options=options)
+    mine = [x[:, start:end] for x in make_inputs(T, H_qk, HV, K, V)]
+    for step, ctx in enumerate(contexts):
+        with mock.patch.object(dist, "all_gather", wraps=dist.all_gather) as all_gather:
+            gdn_kcp(*mine, ctx, options=options, workspace=workspace)
+        assert all_gather.call_count == (1 if step == 0 else 0), (step, all_gather.call_count)
+
+
+def test_held_workspace_checks_the_ranks_once():
+    spawn_ranks(2, _held_workspace_checks_once)
