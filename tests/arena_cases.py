@@ -46,6 +46,21 @@ PACKINGS = {
 }
 H_QK, HV, K, V = 1, 3, 16, 8
 
+# Capped contexts (max_docs = 6): random packings per R, document counts up to the cap.
+CAPPED_MAX_DOCS = 6
+CAPPED_R = (1, 2, 4)
+
+
+def capped_packings(R: int, n: int = 2) -> list[tuple[tuple[int, ...], None]]:
+    import random
+
+    rng, T = random.Random(R), 64 * R + 37
+    packings = []
+    for _ in range(n):
+        cuts = sorted(rng.randint(0, T) for _ in range(rng.randint(0, CAPPED_MAX_DOCS - 1)))
+        packings.append(((0, *cuts, T), None))
+    return packings
+
 
 def saved_bytes(o: torch.Tensor, inputs: list[torch.Tensor], ctx) -> int:
     """Bytes of what the autograd node of ``o`` really keeps besides the inputs
@@ -67,12 +82,16 @@ def check_layout(record, layout, where) -> None:
         assert record.pools(call) == {n: s.nbytes for n, s in expected.pools.items()}, (where, call)
 
 
-def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32) -> None:
-    for bounds, ranges in PACKINGS[R]:
+def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: int | None = None) -> None:
+    """Every packing of ``PACKINGS[R]`` (or, with ``max_docs``, the random
+    packings of :func:`capped_packings` on capped contexts, whose figures must
+    also be one for every packing)."""
+    figures: dict[OptionsKcp, tuple] = {}
+    for bounds, ranges in PACKINGS[R] if max_docs is None else capped_packings(R):
         T = bounds[-1]
         inputs = make_inputs(T, H_QK, HV, K, V, dtype=dtype, seed=R)
         cu = torch.tensor(bounds)
-        ctx = build_kcp_context(cu, rank_ranges=ranges and list(ranges))
+        ctx = build_kcp_context(cu, rank_ranges=ranges and list(ranges), max_docs=max_docs)
         start, end = ctx.rank_ranges[rank]
         do_all = torch.randn(1, T, HV, V, generator=torch.Generator().manual_seed(3)).to(dtype)
         do = do_all[:, start:end]
@@ -97,6 +116,10 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32) -> None:
                 check_layout(record, layout, where)
                 saved = gdn_saved_layout_kcp(ctx, H_QK, HV, K, V, dtype=dtype, options=options)
                 assert kept == sum(s.nbytes for s in saved.values()), (where, kept, saved)
+                if max_docs is not None:  # the recorded figures of every packing are the first one's
+                    seen = (record.peak("fwd"), record.peak("bwd"), record.phases("fwd"), record.phases("bwd"),
+                            kept, dict(comm))
+                    assert figures.setdefault(options, seen) == seen, (where, figures[options], seen)
                 for name, ours, expected in zip(("o", "dq", "dk", "dv", "dg", "dbeta"), [o, *grads], ref):
                     if dtype == torch.float64:
                         assert max_abs(ours, expected) < 1e-9, (where, name, max_abs(ours, expected))

@@ -51,12 +51,12 @@ class WorkspaceAllocations(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def training_step(caller_workspace: bool) -> tuple[dict, list]:
+def training_step(caller_workspace: bool, bounds=(0, 50, 50, 130), max_docs=None) -> tuple[dict, list]:
     """Peak memory of one training step (forward, backward, optimizer) as
     MemTracker sees it, and the workspaces allocated in it; the same code runs
     real or under FakeTensorMode."""
     torch.manual_seed(0)
-    ctx = build_kcp_context([0, 50, 50, 130])  # a list: no tensor data read under fake mode
+    ctx = build_kcp_context(list(bounds), max_docs=max_docs)  # a list: no tensor data read under fake mode
     options = OptionsKcp(use_qk_l2norm=True)
     workspace = WorkspaceKcp(ctx, 2, 4, 16, 16, options=options) if caller_workspace else None
     layer = KcpLayer(ctx, options=options, workspace=workspace)
@@ -85,6 +85,21 @@ def test_fake_tensor_memory_tracing_equals_the_real_run(caller_workspace):
         assert real_workspaces == []
     else:  # each call allocates its own arena of its queried figure, in traced code
         assert real_workspaces == [[layout.fwd.bytes], [layout.bwd.bytes]]
+
+
+@pytest.mark.parametrize("caller_workspace", [False, True])
+def test_fake_tensor_memory_of_a_capped_context_is_one_figure_for_every_packing(caller_workspace):
+    """MemTracker's peak of a step on a capped context: the fake run equals the
+    real one, and two packings (one document, or four with a zero-length one)
+    give the same figure."""
+    peaks = []
+    for bounds in ((0, 130), (0, 7, 7, 64, 130)):
+        real, real_workspaces = training_step(caller_workspace, bounds, max_docs=5)
+        with FakeTensorMode():
+            fake, fake_workspaces = training_step(caller_workspace, bounds, max_docs=5)
+        assert fake == real and fake_workspaces == real_workspaces, bounds
+        peaks.append((real, real_workspaces))
+    assert peaks[0] == peaks[1]
 
 
 CALL_PATH = ["gdn_kcp/ops", "gdn_kcp/fake", "gdn_kcp/host", "gdn_kcp/exchange", "gdn_kcp/queries",

@@ -6,7 +6,8 @@ give the single-rank outputs and gradients."""
 from __future__ import annotations
 
 import pytest
-from arena_cases import PACKINGS, run_arena, valid_options
+import torch
+from arena_cases import CAPPED_MAX_DOCS, CAPPED_R, PACKINGS, run_arena, valid_options
 from spawn import spawn_ranks
 
 
@@ -17,3 +18,10 @@ def test_option_matrix_is_large():
 @pytest.mark.parametrize("R", sorted(PACKINGS))
 def test_recorded_bytes_equal_the_layout(R):
     spawn_ranks(R, run_arena)
+
+
+@pytest.mark.parametrize("R", CAPPED_R)
+def test_capped_contexts_record_one_figure_for_every_packing(R):
+    """Capped contexts over random packings: recorded bytes equal the queries
+    at tolerance 0, and the recorded figures of every packing are the same."""
+    spawn_ranks(R, run_arena, torch.float32, CAPPED_MAX_DOCS)
