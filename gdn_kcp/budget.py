@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graph", choices=("off", "replay"), default="off")
     parser.add_argument("--exchange", choices=("a2a", "ring"), default="a2a")
     parser.add_argument("--l2", action="store_true", help="in-kernel q/k L2 norm")
+    parser.add_argument("--max-docs", type=positive_int, default=None,
+                        help="a capped context (build_kcp_context(max_docs=)): figures for every packing of up to "
+                             "this many documents")
 
 
 def packing(args: argparse.Namespace) -> list[int]:
@@ -91,6 +94,9 @@ def run_budget(args: argparse.Namespace) -> None:
         raise ValueError(f"argument --hv: HV = {args.hv} must be a multiple of --hq = {args.hq}")
     bounds = packing(args)
     T, R = bounds[-1], args.ranks
+    if args.max_docs is not None and len(bounds) - 1 > args.max_docs:
+        raise ValueError(f"argument --max-docs: the packing holds {len(bounds) - 1} documents, more than "
+                         f"max_docs = {args.max_docs}")
     ranges = rank_ranges(args, T)
     options = OptionsKcp(
         save_mode=args.save_mode, boundary_mode=args.boundary_mode, save_transfer=args.save_transfer,
@@ -101,7 +107,7 @@ def run_budget(args: argparse.Namespace) -> None:
     shapes = (args.hq, args.hv, args.k, args.v)
     ranks = []
     for rank in range(R):
-        ctx = context_from_split(bounds, ranges, rank)
+        ctx = context_from_split(bounds, ranges, rank, max_docs=args.max_docs)
         ranks.append((
             ctx,
             gdn_workspace_layout_kcp(ctx, *shapes, dtype=dtype, options=options),
@@ -112,6 +118,9 @@ def run_budget(args: argparse.Namespace) -> None:
     print(f"budget: T = {T} tokens in {len(bounds) - 1} documents over R = {R} ranks; "
           f"H_qk = {args.hq}, HV = {args.hv}, K = {args.k}, V = {args.v}, {args.dtype} inputs")
     print(f"  {options}")
+    if args.max_docs is not None:
+        print(f"  capped context: max_docs = {args.max_docs}; every figure holds for any packing of up to "
+              f"{args.max_docs} documents (chunks and fragments are the caps')")
     for rank, (ctx, layout, saved, comm, states) in enumerate(ranks):
         start, end = ranges[rank]
         flags = f"n_in={ctx.n_in} n_out={ctx.n_out} middle={ctx.rank_middle[rank]}"

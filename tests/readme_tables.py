@@ -81,3 +81,33 @@ def figure(text: str) -> int:
 
 
 EXAMPLE_DTYPE = torch.bfloat16
+
+
+CAPS_EXAMPLE = dict(T=32768, R=4, n_docs=16, seed=0, max_docs=64)
+"""The README's cost-of-caps table: ``python -m gdn_kcp budget --ranks 4 --n-docs 16``
+with and without ``--max-docs 64`` (bf16, H_qk = 16, HV = 32, K = V = 128, default options)."""
+
+
+def caps_cost_rows() -> list[list[str]]:
+    """Per rank: workspace and comm bytes sent (c1 + c2 + b1 + b2) of the exact
+    context and of the capped one, as the README prints them."""
+    import random
+
+    from gdn_kcp import gdn_comm_bytes_kcp, gdn_workspace_bytes_kcp
+    from gdn_kcp.queries import COLLECTIVES
+
+    ex = CAPS_EXAMPLE
+    rng = random.Random(ex["seed"])
+    bounds = [0, *sorted(rng.randint(0, ex["T"]) for _ in range(ex["n_docs"] - 1)), ex["T"]]
+    ranges = default_ranges(ex["T"], ex["R"])
+    rows = []
+    for rank in range(ex["R"]):
+        cells = [str(rank)]
+        for max_docs in (None, ex["max_docs"]):
+            ctx = context_from_split(bounds, ranges, rank, max_docs=max_docs)
+            shapes = (32, 128, 128)
+            workspace = gdn_workspace_bytes_kcp(ctx, 16, *shapes, dtype=torch.bfloat16)
+            comm = gdn_comm_bytes_kcp(ctx, *shapes, dtype=torch.bfloat16)
+            cells += [f"{workspace:,}", f"{sum(comm[name]['send'] for name in COLLECTIVES):,}"]
+        rows.append(cells)
+    return rows

@@ -12,6 +12,8 @@ from gdn_kcp.demo_kcp import packed_bounds
 
 REFUSED = [
     ("budget --ranks 0", "argument --ranks: must be a positive integer, got 0"),
+    ("budget --max-docs 0", "argument --max-docs: must be a positive integer, got 0"),
+    ("budget --n-docs 9 --max-docs 8", "argument --max-docs: the packing holds 9 documents, more than max_docs = 8"),
     ("budget --ranks -1", "argument --ranks: must be a positive integer, got -1"),
     ("budget --ranks two", "argument --ranks: must be an integer, got 'two'"),
     ("budget --tokens -5", "argument --tokens: must be a positive integer, got -5"),

@@ -46,7 +46,7 @@ def test_byte_query_block():
     assert opts in [options_of(row[0]) for row in table_rows("call-figures")]
 
 
-RUN_BLOCKS = {"API": 1, "Byte queries": 1, "Key-context parallelism": 1, "torch.compile and CUDA graphs": 2}
+RUN_BLOCKS = {"API": 1, "Byte queries": 1, "Key-context parallelism": 1, "torch.compile and CUDA graphs": 3}
 """The blocks the tests here run, per section."""
 
 
@@ -108,11 +108,26 @@ def test_kcp_block_on_two_ranks():
 def test_compile_and_memory_blocks():
     """The torch.compile block (a compiled layer, forward and backward) and the
     FakeTensor memory block after it, in one namespace as the README says."""
-    blocks = python_blocks("torch.compile and CUDA graphs")
-    assert len(blocks) == 2
+    blocks = python_blocks("torch.compile and CUDA graphs")[:2]
     namespace: dict[str, object] = {"__name__": "readme_block"}
     for i, block in enumerate(blocks):
         exec(compile(block, f"README.md ## torch.compile and CUDA graphs, block {i + 1}", "exec"), namespace)
     assert namespace["layer"].qkv.weight.grad is not None  # the real layer of block 1 after its backward
     peak = namespace["tracker"].get_tracker_snapshot("peak")
     assert peak  # block 2 traced a training step
+
+
+def test_training_block_compiles_once():
+    """The capped-context training block: three packings through one compiled
+    gdn_kcp graph and one held workspace, then the fixed-length flat call: two
+    graphs in all, no graph break."""
+    from torch._dynamo.utils import counters
+
+    block = python_blocks("torch.compile and CUDA graphs")[2]
+    torch._dynamo.reset()
+    counters.clear()
+    namespace: dict[str, object] = {"__name__": "readme_block"}
+    exec(compile(block, "README.md ## torch.compile and CUDA graphs, block 3", "exec"), namespace)
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"], dict(counters["stats"])
+    assert len(namespace["steps"]) == 3 and namespace["o"].shape == (1, 512, 4, 32)
+    assert namespace["workspace"].ranks_agreed

@@ -80,3 +80,10 @@ def test_every_pool_and_saved_tensor_has_a_row():
         ours = layout(options)
         assert set(ours.fwd.pools) | set(ours.bwd.pools) <= pool_names, options
         assert set(saved(options)) <= saved_names, options
+
+
+def test_caps_cost_table():
+    """The cost-of-caps table is what the byte queries give today."""
+    from readme_tables import caps_cost_rows
+
+    assert table_rows("caps-cost")[1:] == caps_cost_rows()  # below the header row
