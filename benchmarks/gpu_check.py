@@ -1,7 +1,9 @@
 """One-shot GPU check: correctness of every Triton program and of forward+backward
 against the torch programs on the same GPU, times of the Triton path, the same
 for flash-linear-attention's chunk_gated_delta_rule when ``fla`` imports, and a
-``torch.compile(mode="reduce-overhead")`` run. Writes ``gpu_check.json`` and
+``torch.compile(mode="reduce-overhead")`` run, and a capture-once loop over 10
+packings on capped contexts (CUDA graphs recorded, results against eager, no
+host sync under ``torch.cuda.set_sync_debug_mode("error")``). Writes ``gpu_check.json`` and
 ``gpu_check.md`` to ``--out``.
 
     python benchmarks/gpu_check.py --out DIR            # on a GPU machine (gpu_check.sh)
@@ -163,6 +165,78 @@ def check_reduce_overhead(results, device, dims, dtype, bounds):
                           "step_ms": timed(lambda: compiled(x).float().square().mean().backward(), device, 3, 1)}
 
 
+def capped_packings(T: int, max_docs: int, n: int, seed: int = 1) -> list[list[int]]:
+    """``n`` random packings of T tokens, 1 to ``max_docs`` documents each."""
+    rng = random.Random(seed)
+    return [[0, *sorted(rng.randint(0, T) for _ in range(rng.randint(0, max_docs - 1))), T] for _ in range(n)]
+
+
+class CountCudaGraphs:
+    """Counts CUDA graph captures (``torch.cuda.CUDAGraph.capture_begin``)."""
+
+    def __enter__(self):
+        self.count, self.original = 0, torch.cuda.CUDAGraph.capture_begin
+        outer = self
+
+        def counted(graph, *args, **kwargs):
+            outer.count += 1
+            return outer.original(graph, *args, **kwargs)
+
+        torch.cuda.CUDAGraph.capture_begin = counted
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.CUDAGraph.capture_begin = self.original
+        return False
+
+
+def check_capture_once(results, device, dims, dtype, bounds, steps: int = 10):
+    """Capture once: a layer around gdn_kcp on capped contexts, a new packing
+    each of ``steps`` steps, under torch.compile(mode="reduce-overhead") with a
+    held workspace: Dynamo graphs and CUDA graphs recorded (goal: 1 each),
+    compiled against eager every step, and one capped call under
+    ``torch.cuda.set_sync_debug_mode("error")`` (no host sync)."""
+    from torch._dynamo.utils import counters
+
+    from gdn_kcp import WorkspaceKcp
+    from gdn_layer import KcpLayer
+
+    H_qk, HV, K, V = dims
+    T, max_docs = bounds[-1], 16
+    options = OptionsKcp(use_qk_l2norm=True, graph="replay")
+    contexts = [build_kcp_context(b, device=device, max_docs=max_docs) for b in capped_packings(T, max_docs, steps)]
+    workspace = WorkspaceKcp(contexts[0], H_qk, HV, K, V, dtype=dtype, options=options, device=device)
+    torch.manual_seed(0)
+    layer = KcpLayer(contexts[0], d_model=256, H_qk=H_qk, HV=HV, K=K, V=V, options=options,
+                     workspace=workspace).to(device=device, dtype=dtype)
+    x = torch.randn(1, T, 256, device=device, dtype=dtype)
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, mode=mode, fullgraph=True)
+    errors = []
+    graphs = CountCudaGraphs() if device.type == "cuda" else _null()
+    with graphs:
+        for ctx in contexts:
+            eager = layer(x, ctx).detach()
+            y = compiled(x, ctx)
+            y.float().square().mean().backward()
+            errors.append(rel_rms(y.detach(), eager))
+    capture = {"mode": mode, "steps": steps, "max_docs": max_docs, "dynamo_graphs": counters["stats"]["unique_graphs"],
+               "cuda_graphs_recorded": getattr(graphs, "count", None), "worst_relative_rms_vs_eager": max(errors)}
+    if device.type == "cuda":
+        leaves = [t.requires_grad_() for t in inputs(T, H_qk, HV, K, V, dtype, device)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            o = gdn_kcp(*leaves, contexts[-1], options=options, workspace=workspace)
+            torch.autograd.grad(o.float().square().mean(), leaves)
+            capture["no_host_sync"] = True
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    results["capture_once"] = capture
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -180,7 +254,7 @@ def main() -> None:
         "triton": __import__("triton").__version__, "T": T, "documents": len(bounds) - 1,
         "H_qk, HV, K, V": dims, "dtype": str(dtype),
     }
-    steps = [check_programs, check_forward_backward, time_paths, check_reduce_overhead]
+    steps = [check_programs, check_forward_backward, time_paths, check_reduce_overhead, check_capture_once]
     context = use_programs("cpu", "triton") if args.dry_run else _null()
     with context:
         for step in steps:
@@ -224,6 +298,12 @@ def markdown(r: dict) -> str:
         c = r["compile"]
         lines.append(f"- torch.compile(mode={c['mode']!r}): rel RMS vs eager {c['relative_rms_vs_eager']:.1e}, "
                      f"step {c['step_ms']:.1f} ms")
+    if "capture_once" in r:
+        c = r["capture_once"]
+        lines.append(f"- capture once ({c['steps']} packings, max_docs = {c['max_docs']}, mode={c['mode']!r}): "
+                     f"{c['dynamo_graphs']} Dynamo graph(s), {c['cuda_graphs_recorded']} CUDA graph(s) recorded "
+                     f"(goal 1), worst rel RMS vs eager {c['worst_relative_rms_vs_eager']:.1e}, "
+                     f"no host sync: {c.get('no_host_sync', 'not checked')}")
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
     lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))

@@ -9,7 +9,7 @@ from gdn_inputs import make_inputs
 
 from gdn_kcp import OptionsKcp, build_kcp_context, gdn_comm_bytes_kcp, gdn_kcp
 from gdn_kcp.context import check_ranges, context_from_split, default_ranges
-from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT
+from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
 
 
 def test_default_split_is_contiguous_and_even():
@@ -165,3 +165,86 @@ def test_ops_refuse_non_contiguous_inputs():
     with pytest.raises(ValueError, match=r"v must be contiguous, got strides \(32, 16, 1\)"):
         torch.ops.gdn_kcp.fwd(q, k, wide, g, beta, None, torch.empty(1 << 20, dtype=torch.uint8),
                               ctx.index.chunk_table, ctx.index.frag_table, ctx.meta, "", OptionsKcp().op_arg, 0.3, 0)
+
+
+def test_capped_index_holds_the_exact_index_then_sentinels():
+    """Random packings, splits and caps: the capped tables start with the exact
+    tables and are padded with sentinel rows (chunks of length 0, fragments
+    flagged SENTINEL_FLAGS with document -1); their sizes are the caps'."""
+    import random
+
+    from gdn_kcp.context import rank_fragments
+    from gdn_kcp.kernels.chunk_index import SENTINEL_FLAGS, capped_index, capped_sizes
+
+    rng = random.Random(0)
+    for _ in range(300):
+        T = rng.randint(0, 400)
+        bounds = [0, *sorted(rng.randint(0, T) for _ in range(rng.randint(0, 8))), T]
+        max_docs = len(bounds) - 1 + rng.randint(0, 3)
+        padded = bounds + [T] * (max_docs + 1 - len(bounds))
+        R = rng.randint(1, 4)
+        for r, (start, end) in enumerate(default_ranges(T, R)):
+            frags = rank_fragments(padded, start, end, r == R - 1)
+            exact = ChunkIndex.from_fragments([0] + [f[2] for f in frags] if frags else [0],
+                                              frag_doc=[f[0] for f in frags], frag_flags=[f[3] for f in frags])
+            capped = capped_index(torch.tensor(padded), start, end, last_rank=r == R - 1)
+            where = (padded, start, end)
+            assert (capped.n_chunks, capped.n_frag, capped.max_frag_chunks) == capped_sizes(end - start, max_docs)
+            assert capped.n_chunks >= exact.n_chunks and capped.max_frag_chunks >= exact.max_frag_chunks, where
+            assert torch.equal(capped.frag_table[:, : exact.n_frag], exact.frag_table), where
+            assert torch.equal(capped.chunk_table[:, : exact.n_chunks], exact.chunk_table), where
+            assert not capped.chunk_len[exact.n_chunks :].any(), where
+            assert (capped.frag_flags[exact.n_frag :] == SENTINEL_FLAGS).all(), where
+            assert (capped.frag_doc[exact.n_frag :] == -1).all(), where
+
+
+def test_capped_sizes_are_reached():
+    """The chunk cap is met by fragments of length 1 mod C (so it is the least cap)."""
+    from gdn_kcp.kernels.chunk_index import capped_index, capped_sizes
+
+    bounds = [0, 65, 130, 195, 260]  # four documents of 65 tokens: 2 chunks each
+    assert capped_index(torch.tensor(bounds), 0, 260, last_rank=True).n_chunks == 8 == capped_sizes(260, 4)[0]
+    assert int(capped_index(torch.tensor(bounds), 0, 260, last_rank=True).chunk_len.ne(0).sum()) == 8
+
+
+def test_capped_contexts_share_one_layout():
+    """Every packing of the same caps gives the same meta, layout key and byte
+    figures; the states have max_docs rows and the documents' ids lead them."""
+    from gdn_kcp import gdn_saved_bytes_kcp, gdn_workspace_bytes_kcp
+
+    ranges = default_ranges(300, 3)
+    packings = ([0, 300], [0, 10, 10, 150, 299, 300], [0, 100, 200, 300], [0, 0, 0, 0, 0, 300])
+    for rank in range(3):
+        contexts = [context_from_split(bounds, ranges, rank, max_docs=5) for bounds in packings]
+        assert len({tuple(ctx.meta) for ctx in contexts}) == 1
+        figures = {(gdn_workspace_bytes_kcp(ctx, 2, 4, 16, 16), gdn_saved_bytes_kcp(ctx, 2, 4, 16, 16))
+                   for ctx in contexts}
+        assert len(figures) == 1
+        for ctx in contexts:
+            assert ctx.capped and ctx.n_start_docs == ctx.n_end_docs == 5
+    last = context_from_split([0, 150, 300], ranges, 2, max_docs=5)
+    assert last.start_docs == [2, 3, 4] and last.end_docs == [1, 2, 3, 4]  # padding documents: on the last rank
+    first = context_from_split([0, 150, 300], ranges, 0, max_docs=5)
+    assert first.start_docs == [0] and first.end_docs == []
+
+
+def test_over_cap_packing_names_max_docs():
+    with pytest.raises(ValueError, match=r"cu_seqlens_global holds 3 documents, more than max_docs = 2"):
+        build_kcp_context([0, 10, 20, 30], max_docs=2)
+    for bad, error in ((0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="max_docs"):
+            build_kcp_context([0, 10, 30], max_docs=bad)
+
+
+def test_traced_cu_seqlens_is_checked_on_device():
+    """Under torch.compile a bad cu_seqlens fails a device-side assert (no host read)."""
+    from gdn_inputs import make_inputs
+
+    from gdn_kcp import chunk_gated_delta_rule
+
+    q, k, v, g, beta = make_inputs(100, 1, 2, 16, 16, dtype=torch.float32)
+    compiled = torch.compile(lambda cu: chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)[0], fullgraph=True)
+    assert compiled(torch.tensor([0, 40, 100, 100])).shape == (1, 100, 2, 16)
+    for bad in ([0, 60, 40, 100], [0, 40, 100, 90], [5, 40, 100, 100]):
+        with pytest.raises(RuntimeError, match="cu_seqlens must"):
+            compiled(torch.tensor(bad))
