@@ -209,6 +209,7 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--only", help="run the mutants whose description holds this text")
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--start", type=int, default=1, help="resume a stopped run at mutant number START")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gdn_kcp_mutants_") as tmp:
         ROOT, QUERIES = Path(tmp), Path(tmp) / "gdn_kcp" / "queries"
@@ -224,6 +225,8 @@ def run_mutants(args: argparse.Namespace) -> int:
         return 0
     survivors = []
     for number, mutant in enumerate(mutants, 1):
+        if number < args.start:
+            continue
         original = mutant.path.read_text()
         start = time.perf_counter()
         try:
@@ -238,7 +241,8 @@ def run_mutants(args: argparse.Namespace) -> int:
             survivors.append(mutant.what)
     for cache in QUERIES.glob("__pycache__"):
         shutil.rmtree(cache)
-    print(f"\n{len(mutants) - len(survivors)} of {len(mutants)} mutants killed")
+    ran = len(mutants) - args.start + 1
+    print(f"\n{ran - len(survivors)} of {ran} mutants killed (numbers {args.start} to {len(mutants)})")
     for what in survivors:
         print(f"  survived: {what}")
     return 1 if survivors else 0
