@@ -133,7 +133,8 @@ def static_length(x: torch.Tensor) -> int:
     """``len(x)`` as a Python int even when torch.compile traces it as a symbol
     (after a length changed between calls): the document count is a cap, so
     every length gets its own graph. ``range`` is a place where Dynamo turns a
-    symbol into its value, with a guard on it."""
+    symbol into its value, with a guard on it. (A symbolic count would have to
+    pass through the byte queries, whose layout code Dynamo does not trace.)"""
     return len(range(x.shape[0]))
 
 
@@ -166,8 +167,9 @@ def capped_index(cu_seqlens: torch.Tensor, start: int, end: int, *, last_rank: b
     columns = torch.stack([lo - start, length, first_chunk, frag_chunks, torch.arange(N, device=device), flags])
     # real fragments go to their rank order, the others to a spare column N that is dropped
     slot = torch.where(exists, torch.cumsum(exists.long(), 0) - 1, N)
-    # a sentinel's chunk range is empty and starts past every real one (keeps the ends sorted)
-    sentinel = torch.tensor([end - start, 0, n_chunks, 0, -1, SENTINEL_FLAGS], dtype=torch.int64, device=device)
+    # A sentinel's chunk range is empty and starts at T_r, past every real chunk
+    # (a chunk holds a token): the range ends stay sorted for searchsorted.
+    sentinel = torch.tensor([end - start, 0, end - start, 0, -1, SENTINEL_FLAGS], dtype=torch.int64, device=device)
     frag_table = sentinel[:, None].expand(6, N + 1).index_copy(1, slot, columns)[:, :N]
 
     # chunk j lies in the first fragment whose chunk range ends after j
