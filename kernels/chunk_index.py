@@ -170,7 +170,9 @@ def capped_index(cu_seqlens: torch.Tensor, start: int, end: int, *, last_rank: b
     # A sentinel's chunk range is empty and starts at T_r, past every real chunk
     # (a chunk holds a token): the range ends stay sorted for searchsorted.
     sentinel = torch.tensor([end - start, 0, end - start, 0, -1, SENTINEL_FLAGS], dtype=torch.int64, device=device)
-    frag_table = sentinel[:, None].expand(6, N + 1).index_copy(1, slot, columns)[:, :N]
+    # repeat, not expand: Inductor (torch 2.13, CPU) miscompiled index_copy into an
+    # expanded sentinel that was computed (torch.where), writing every column into one.
+    frag_table = sentinel[:, None].repeat(1, N + 1).index_copy(1, slot, columns)[:, :N]
 
     # chunk j lies in the first fragment whose chunk range ends after j
     j = torch.arange(n_chunks, device=device)

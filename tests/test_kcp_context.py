@@ -248,3 +248,23 @@ def test_traced_cu_seqlens_is_checked_on_device():
     for bad in ([0, 60, 40, 100], [0, 40, 100, 90], [5, 40, 100, 100]):
         with pytest.raises(RuntimeError, match="cu_seqlens must"):
             compiled(torch.tensor(bad))
+
+
+def test_capped_index_compiled_equals_eager():
+    """The index built in a compiled graph (as chunk_gated_delta_rule builds it)
+    equals the eager build over random packings, on a whole range and a middle one."""
+    import random
+
+    from gdn_kcp.kernels.chunk_index import capped_index
+
+    rng = random.Random(3)
+    for start, end, last in ((0, 200, True), (50, 150, False)):
+        def tables(cu):
+            index = capped_index(cu, start, end, last_rank=last)
+            return index.chunk_table, index.frag_table
+
+        compiled = torch.compile(tables, fullgraph=True)
+        for _ in range(30):
+            cu = torch.tensor([0, *sorted(rng.randint(0, 200) for _ in range(5)), 200])
+            for ours, eager in zip(compiled(cu), tables(cu)):
+                assert torch.equal(ours, eager), (cu, start, end)
