@@ -1,0 +1,160 @@
+"""``GatedDeltaNet``: the GDN layer with flash-linear-attention's constructor,
+parameter names and shapes (a state dict of its ``fla.layers.GatedDeltaNet``
+loads with ``strict=True``), computing its training-mode math on one rank:
+
+    q, k, v = silu(short_conv(proj(x)))                      per document
+    g       = -exp(A_log) * softplus(a_proj(x) + dt_bias)    (fp32)
+    beta    = sigmoid(b_proj(x))                             (x 2 with allow_neg_eigval)
+    o       = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    o       = rmsnorm(o) * o_norm.weight * silu(g_proj(x))   per value head (use_gate)
+    out     = o_proj(o)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gdn_kcp.chunk import chunk_gated_delta_rule
+
+from .short_conv import ShortConvolution, token_doc_start
+
+MODES = ("chunk", "fused_recurrent")
+
+
+class RMSNorm(nn.Module):
+    """RMS norm over the last dim, in fp32, with an optional SiLU gate:
+    ``x / rms(x) * weight [* silu(gate)]``, returned in x's dtype."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        cdt = torch.promote_types(x.dtype, torch.float32)
+        y = x.to(cdt) * torch.rsqrt(x.to(cdt).square().mean(-1, keepdim=True) + self.eps) * self.weight.to(cdt)
+        if gate is not None:
+            y = y * F.silu(gate.to(cdt))
+        return y.to(x.dtype)
+
+
+def _check_int(name: str, value: object, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet layer; arguments as ``fla.layers.GatedDeltaNet``.
+
+    ``num_v_heads`` (default ``num_heads``) value heads of ``head_dim *
+    expand_v`` dims read ``num_heads`` key heads of ``head_dim`` (GVA).
+    ``mode`` is accepted for compatibility: both modes compute the same math
+    here, by the chunked kernels.
+
+    Example::
+
+        layer = GatedDeltaNet(hidden_size=256, head_dim=32, num_heads=4)
+        o, _, _ = layer(torch.randn(1, 100, 256), cu_seqlens=torch.tensor([0, 40, 100]))
+    """
+
+    def __init__(
+        self,
+        hidden_size: int = 2048,
+        expand_v: float = 2,
+        head_dim: int = 256,
+        num_heads: int = 6,
+        num_v_heads: int | None = None,
+        mode: str = "chunk",
+        use_gate: bool = True,
+        use_short_conv: bool = True,
+        allow_neg_eigval: bool = False,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        layer_idx: int | None = None,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        _check_int("hidden_size", hidden_size)
+        _check_int("head_dim", head_dim)
+        _check_int("num_heads", num_heads)
+        _check_int("num_v_heads", num_heads if num_v_heads is None else num_v_heads)
+        _check_int("conv_size", conv_size)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.hidden_size, self.expand_v, self.mode = hidden_size, expand_v, mode
+        self.use_gate, self.use_short_conv, self.allow_neg_eigval = use_gate, use_short_conv, allow_neg_eigval
+        self.conv_size, self.conv_bias, self.layer_idx = conv_size, conv_bias, layer_idx
+        self.num_heads = num_heads
+        self.num_v_heads = num_heads if num_v_heads is None else num_v_heads
+        self.head_dim = self.head_k_dim = head_dim
+        self.head_v_dim = int(head_dim * expand_v)
+        self.key_dim = num_heads * head_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        if not math.isclose(head_dim * expand_v, self.head_v_dim, rel_tol=1e-5) or self.head_v_dim < 1:
+            raise ValueError(f"expand_v = {expand_v} times head_dim = {head_dim} must be a positive integer "
+                             f"(the value head dim), got {head_dim * expand_v}")
+        if self.num_v_heads % num_heads:
+            raise ValueError(f"num_v_heads = {self.num_v_heads} must be a multiple of num_heads = {num_heads}")
+
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self.a_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
+        self.b_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
+        # Decay rate A in U(0, 16) and step dt log-uniform in [1e-3, 0.1] (floor 1e-4), as FLA initialises them
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads).uniform_(0, 16).log())
+        dt = torch.exp(torch.rand(self.num_v_heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        dt = dt.clamp(min=1e-4)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
+        if use_short_conv:
+            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias)
+            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias)
+            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, bias=conv_bias)
+        if use_gate:
+            self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: object = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, None, object]:
+        """``hidden_states`` ``[B, T, hidden_size]``; ``cu_seqlens`` ``[N + 1]``
+        packs B = 1 rows of N documents. Returns FLA's ``(o, None, past_key_values)``."""
+        if use_cache or past_key_values is not None:
+            raise ValueError("GatedDeltaNet computes training-mode math: decode caches (use_cache=True, "
+                             "past_key_values) are not supported")
+        if attention_mask is not None:
+            raise ValueError("attention_mask (padding) is not supported: pack the batch and pass cu_seqlens")
+        B, T, _ = hidden_states.shape
+        x = hidden_states
+        doc_start = None if cu_seqlens is None else token_doc_start(cu_seqlens, T)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.use_short_conv:
+            q, k, v = self.q_conv1d(q, doc_start), self.k_conv1d(k, doc_start), self.v_conv1d(v, doc_start)
+        else:
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        gdt = torch.promote_types(x.dtype, torch.float32)
+        g = -self.A_log.to(gdt).exp() * F.softplus(self.a_proj(x).to(gdt) + self.dt_bias.to(gdt))
+        beta = self.b_proj(x).sigmoid()
+        if self.allow_neg_eigval:
+            beta = beta * 2
+        o, _ = chunk_gated_delta_rule(
+            q.view(B, T, self.num_heads, self.head_k_dim), k.view(B, T, self.num_heads, self.head_k_dim),
+            v.view(B, T, self.num_v_heads, self.head_v_dim), g, beta,
+            use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+        )
+        gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
+        o = self.o_norm(o, gate)
+        return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values

@@ -1,0 +1,124 @@
+"""gdn_kcp.layers.GatedDeltaNet: flash-linear-attention's parameter names and
+shapes (built here from its constructor rules), its constructor errors, and
+its math against a plain-torch composition over the fp64 oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from gdn_kcp import naive_recurrence
+from gdn_kcp.layers import GatedDeltaNet
+
+BOUNDS = [0, 3, 3, 70, 131]  # one, zero-length, a chunk and more, a second chunk boundary
+
+
+def expected_parameters(hidden_size=2048, expand_v=2, head_dim=256, num_heads=6, num_v_heads=None,
+                        use_gate=True, use_short_conv=True, conv_size=4, conv_bias=False):
+    """FLA's parameter names and shapes, from its constructor's rules."""
+    hv = num_heads if num_v_heads is None else num_v_heads
+    key_dim, head_v_dim = num_heads * head_dim, int(head_dim * expand_v)
+    value_dim = hv * head_v_dim
+    params = {
+        "q_proj.weight": (key_dim, hidden_size), "k_proj.weight": (key_dim, hidden_size),
+        "v_proj.weight": (value_dim, hidden_size), "a_proj.weight": (hv, hidden_size),
+        "b_proj.weight": (hv, hidden_size), "A_log": (hv,), "dt_bias": (hv,),
+    }
+    if use_short_conv:
+        for name, dim in (("q", key_dim), ("k", key_dim), ("v", value_dim)):
+            params[f"{name}_conv1d.weight"] = (dim, 1, conv_size)
+            if conv_bias:
+                params[f"{name}_conv1d.bias"] = (dim,)
+    if use_gate:
+        params["g_proj.weight"] = (value_dim, hidden_size)
+    params["o_norm.weight"] = (head_v_dim,)
+    params["o_proj.weight"] = (hidden_size, value_dim)
+    return params
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    dict(hidden_size=64, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1.5),
+    dict(hidden_size=64, head_dim=8, num_heads=3, use_gate=False, use_short_conv=False),
+    dict(hidden_size=32, head_dim=8, num_heads=2, conv_size=3, conv_bias=True),
+])
+def test_parameter_names_and_shapes_are_fla_s(kwargs):
+    layer = GatedDeltaNet(**kwargs)
+    ours = {name: tuple(p.shape) for name, p in layer.state_dict().items()}
+    assert ours == expected_parameters(**kwargs)
+    layer.load_state_dict({name: torch.zeros(shape) for name, shape in expected_parameters(**kwargs).items()},
+                          strict=True)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(head_dim=16, expand_v=1.03), "expand_v = 1.03 times head_dim = 16"),
+    (dict(num_heads=4, num_v_heads=6), "num_v_heads = 6 must be a multiple of num_heads = 4"),
+    (dict(mode="recurrent"), "mode must be one of"),
+    (dict(num_heads=0), "num_heads must be an int >= 1"),
+    (dict(conv_size=0), "conv_size must be an int >= 1"),
+])
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GatedDeltaNet(hidden_size=64, **kwargs)
+
+
+def test_decode_caches_and_padding_masks_are_refused():
+    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2)
+    x = torch.randn(1, 10, 32)
+    with pytest.raises(ValueError, match="use_cache=True"):
+        layer(x, use_cache=True)
+    with pytest.raises(ValueError, match="pass cu_seqlens"):
+        layer(x, attention_mask=torch.ones(1, 10))
+
+
+def plain_layer(layer: GatedDeltaNet, x: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """The layer's math in plain torch, document by document: conv1d with
+    zero history, the fp64 naive recurrence, RMS norm with the SiLU gate."""
+    H, HV, K, V = layer.num_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+    outputs = []
+    for start, end in zip(bounds, bounds[1:]):
+        if end == start:  # a zero-length document holds no row
+            continue
+        xd = x[:, start:end]
+        T = end - start
+
+        def conv(proj, conv1d):
+            y = proj(xd)
+            if not layer.use_short_conv:
+                return F.silu(y)
+            W = conv1d.weight.shape[-1]
+            y = F.conv1d(F.pad(y.transpose(1, 2), (W - 1, 0)), conv1d.weight, conv1d.bias, groups=y.shape[-1])
+            return F.silu(y.transpose(1, 2))
+
+        q = conv(layer.q_proj, getattr(layer, "q_conv1d", None)).view(1, T, H, K)
+        k = conv(layer.k_proj, getattr(layer, "k_conv1d", None)).view(1, T, H, K)
+        v = conv(layer.v_proj, getattr(layer, "v_conv1d", None)).view(1, T, HV, V)
+        g = -layer.A_log.exp() * F.softplus(layer.a_proj(xd) + layer.dt_bias)
+        beta = layer.b_proj(xd).sigmoid() * (2 if layer.allow_neg_eigval else 1)
+        o, _ = naive_recurrence(q, k, v, g, beta, use_qk_l2norm=True)
+        o = o * torch.rsqrt(o.square().mean(-1, keepdim=True) + layer.o_norm.eps) * layer.o_norm.weight
+        if layer.use_gate:
+            o = o * F.silu(layer.g_proj(xd).view(1, T, HV, V))
+        outputs.append(layer.o_proj(o.reshape(1, T, HV * V)))
+    return torch.cat(outputs, dim=1)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(num_v_heads=4, conv_bias=True),
+    dict(use_gate=False, allow_neg_eigval=True),
+    dict(use_short_conv=False),
+])
+def test_layer_equals_the_plain_composition(kwargs):
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2, **kwargs).double()
+    with torch.no_grad():  # a decay that does not vanish in a few tokens
+        layer.A_log.copy_(torch.linspace(-3, -1, layer.num_v_heads))
+    x = torch.randn(1, BOUNDS[-1], 32, dtype=torch.float64, requires_grad=True)
+    params = [x, *layer.parameters()]
+    ours, _, _ = layer(x, cu_seqlens=torch.tensor(BOUNDS))
+    ref = plain_layer(layer, x, BOUNDS)
+    assert (ours - ref).abs().max() < 1e-9
+    do = torch.randn_like(ours)
+    for a, b in zip(torch.autograd.grad((ours * do).sum(), params), torch.autograd.grad((ref * do).sum(), params)):
+        assert (a - b).abs().max() < 1e-9
