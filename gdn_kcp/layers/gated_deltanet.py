@@ -19,7 +19,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from gdn_kcp.chunk import chunk_gated_delta_rule
+from gdn_kcp.context import KcpContext
+from gdn_kcp.kcp import gdn_kcp
 
+from .halo import conv_halo, token_doc_start_kcp
 from .short_conv import ShortConvolution, token_doc_start
 
 MODES = ("chunk", "fused_recurrent")
@@ -129,32 +132,59 @@ class GatedDeltaNet(nn.Module):
         output_attentions: bool = False,
         *,
         cu_seqlens: torch.Tensor | None = None,
+        kcp_context: KcpContext | None = None,
     ) -> tuple[torch.Tensor, None, object]:
         """``hidden_states`` ``[B, T, hidden_size]``; ``cu_seqlens`` ``[N + 1]``
-        packs B = 1 rows of N documents. Returns FLA's ``(o, None, past_key_values)``."""
+        packs B = 1 rows of N documents. With ``kcp_context`` (a
+        :class:`~gdn_kcp.KcpContext`) the rows are this rank's range of the
+        packed stream (``[1, T_r, hidden_size]``): the short convolutions read
+        the previous ranks' last ``conv_size - 1`` rows of a crossing-in
+        document (:func:`~gdn_kcp.layers.halo.conv_halo`) and the GDN runs as
+        :func:`~gdn_kcp.gdn_kcp`; every rank must call it together. Returns
+        FLA's ``(o, None, past_key_values)``."""
         if use_cache or past_key_values is not None:
             raise ValueError("GatedDeltaNet computes training-mode math: decode caches (use_cache=True, "
                              "past_key_values) are not supported")
         if attention_mask is not None:
             raise ValueError("attention_mask (padding) is not supported: pack the batch and pass cu_seqlens")
+        if kcp_context is not None and cu_seqlens is not None:
+            raise ValueError("pass cu_seqlens or kcp_context, not both (the context holds the packing)")
+        if kcp_context is not None and not isinstance(kcp_context, KcpContext):
+            raise TypeError(f"kcp_context must be a KcpContext or None, got {type(kcp_context).__name__}")
         B, T, _ = hidden_states.shape
         x = hidden_states
-        doc_start = None if cu_seqlens is None else token_doc_start(cu_seqlens, T)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.use_short_conv:
+        if not self.use_short_conv:
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        elif kcp_context is None:
+            doc_start = None if cu_seqlens is None else token_doc_start(cu_seqlens, T)
             q, k, v = self.q_conv1d(q, doc_start), self.k_conv1d(k, doc_start), self.v_conv1d(v, doc_start)
         else:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            q, k, v = self._conv_kcp(q, k, v, kcp_context)
         gdt = torch.promote_types(x.dtype, torch.float32)
         g = -self.A_log.to(gdt).exp() * F.softplus(self.a_proj(x).to(gdt) + self.dt_bias.to(gdt))
         beta = self.b_proj(x).sigmoid()
         if self.allow_neg_eigval:
             beta = beta * 2
-        o, _ = chunk_gated_delta_rule(
-            q.view(B, T, self.num_heads, self.head_k_dim), k.view(B, T, self.num_heads, self.head_k_dim),
-            v.view(B, T, self.num_v_heads, self.head_v_dim), g, beta,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
-        )
+        heads = (q.view(B, T, self.num_heads, self.head_k_dim), k.view(B, T, self.num_heads, self.head_k_dim),
+                 v.view(B, T, self.num_v_heads, self.head_v_dim), g, beta)
+        if kcp_context is None:
+            o, _ = chunk_gated_delta_rule(*heads, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+        else:
+            o = gdn_kcp(*heads, kcp_context, use_qk_l2norm=True)
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
+
+    def _conv_kcp(self, q, k, v, ctx: KcpContext):
+        """The three short convolutions of this rank's rows (B = 1) with the halo
+        of one exchange of ``[conv_size - 1, 2 key_dim + value_dim]`` per round."""
+        rows = self.conv_size - 1
+        y = torch.cat([q, k, v], dim=-1)[0]
+        halo = conv_halo(y, ctx, rows)
+        doc_start = token_doc_start_kcp(ctx, y.shape[0], rows, y.device)
+        # the extended rows are [halo, own]: the halo's outputs are dropped
+        doc_start = torch.cat([torch.zeros(rows, dtype=doc_start.dtype, device=y.device), doc_start])
+        parts = torch.cat([halo, y])[None].split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        return [conv(part, doc_start)[:, rows:] for conv, part in zip(convs, parts)]

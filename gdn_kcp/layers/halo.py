@@ -1,0 +1,136 @@
+"""The short convolution's halo under KCP: the ``W - 1`` rows before a rank's
+range that belong to its crossing-in document.
+
+Each round, every rank sends its *tail* (the last ``W - 1`` rows of its halo
+followed by its own rows, masked to what may continue into the next rank) to
+the next rank and receives the previous rank's: ``gdn_kcp::halo_shift``, an
+opaque op whose backward (``halo_shift_back``) returns the halo's gradient to
+the rank it came from. One round suffices when the previous rank holds at
+least ``W - 1`` tokens; :func:`halo_rounds` counts the rounds the rank ranges
+need (a cap). A rank sends a fixed ``[W - 1, D]`` per round, zeros when
+nothing crosses, so the traffic does not depend on the packing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from gdn_kcp.context import KcpContext
+from gdn_kcp.exchange.counting import count
+from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, PADDING
+
+
+def _group(group_name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
+
+
+def _shift(x: Tensor, group_name: str, R: int, rank: int, step: int, name: str) -> Tensor:
+    """Send ``x`` to ``rank + step`` and receive the same shape from ``rank - step``
+    (zeros where that rank does not exist)."""
+    out = torch.zeros_like(x)
+    group, ops = _group(group_name), []
+    if 0 <= rank + step < R:
+        ops.append(dist.P2POp(dist.isend, x.contiguous(), group=group, group_peer=rank + step))
+        count(name, [x], [])
+    if 0 <= rank - step < R:
+        ops.append(dist.P2POp(dist.irecv, out, group=group, group_peer=rank - step))
+        count(name, [], [out])
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    return out
+
+
+@torch.library.custom_op("gdn_kcp::halo_shift", mutates_args=(), device_types=("cpu", "cuda"))
+def halo_shift(tail: Tensor, group_name: str, R: int, rank: int) -> Tensor:
+    """Every rank's ``tail`` ``[W - 1, D]`` to the next rank: returns the previous
+    rank's (zeros on rank 0)."""
+    return _shift(tail, group_name, R, rank, 1, "halo")
+
+
+@torch.library.custom_op("gdn_kcp::halo_shift_back", mutates_args=(), device_types=("cpu", "cuda"))
+def halo_shift_back(d_halo: Tensor, group_name: str, R: int, rank: int) -> Tensor:
+    """The backward of :func:`halo_shift`: each halo's gradient to the rank it came from."""
+    return _shift(d_halo, group_name, R, rank, -1, "halo_grad")
+
+
+@halo_shift.register_fake
+def _(tail, group_name, R, rank):
+    return torch.empty_like(tail)
+
+
+@halo_shift_back.register_fake
+def _(d_halo, group_name, R, rank):
+    return torch.empty_like(d_halo)
+
+
+def _shift_backward(ctx, grad):
+    return halo_shift_back(grad.contiguous(), *ctx.args), None, None, None
+
+
+def _shift_setup(ctx, inputs, output):
+    ctx.args = inputs[1:]
+
+
+halo_shift.register_autograd(_shift_backward, setup_context=_shift_setup)
+
+
+def halo_rounds(ranges: tuple[tuple[int, int], ...], rows: int) -> int:
+    """Rounds of :func:`halo_shift` after which every rank holds the ``rows``
+    tokens before its range: the longest run of earlier ranks it must reach
+    back over to find them (0 on one rank)."""
+    rounds = 0
+    for r in range(1, len(ranges)):
+        have, back = 0, 0
+        while r - back > 0 and have < rows:
+            back += 1
+            start, end = ranges[r - back]
+            have += end - start
+        rounds = max(rounds, back)
+    return rounds
+
+
+def conv_halo(y: Tensor, ctx: KcpContext, rows: int) -> Tensor:
+    """``[rows, D]``: the ``rows`` conv inputs before this rank's range ``y``
+    ``[T_r, D]`` that lie in its crossing-in document (zeros elsewhere).
+    Differentiable; every rank of ``ctx.group`` must call it together, with a
+    ``y`` that requires grad on every rank or on none (the backward exchanges
+    run where it does)."""
+    halo = y.new_zeros(rows, y.shape[1])
+    if ctx.R == 1 or rows == 0:
+        return halo
+    if y.shape[0] == 0:  # an empty rank passes the halo on
+        for _ in range(halo_rounds(ctx.rank_ranges, rows)):
+            # cat with the empty y: the tail is in the autograd graph on every rank,
+            # so every rank runs the backward's exchanges too
+            halo = halo_shift(torch.cat([halo, y])[-rows:], ctx.group_name, ctx.R, ctx.rank)
+        return halo
+    index = ctx.index if y.device.type == "cpu" else ctx.device_index
+    flags, starts = index.frag_flags.long(), index.frag_start.long()
+    last = (((flags & PADDING) == 0).sum() - 1).clamp(min=0).reshape(1)
+    last_flags = flags[last]
+    crosses_out = (last_flags & (CROSSING_OUT | PADDING)) == CROSSING_OUT
+    middle = crosses_out & ((last_flags & CROSSING_IN) != 0)  # the halo's document goes on past this rank
+    # own rows that may continue into the next rank: those of the crossing-out fragment
+    tokens = torch.arange(y.shape[0], device=y.device)
+    outgoing = (crosses_out & (tokens >= starts[last])).to(y.dtype)[:, None]
+    for _ in range(halo_rounds(ctx.rank_ranges, rows)):
+        tail = torch.cat([halo * middle.to(y.dtype), y * outgoing])[-rows:]
+        halo = halo_shift(tail, ctx.group_name, ctx.R, ctx.rank)
+    crosses_in = ((flags[:1] & (CROSSING_IN | PADDING)) == CROSSING_IN).to(y.dtype)
+    return halo * crosses_in
+
+
+def token_doc_start_kcp(ctx: KcpContext, T: int, rows: int, device: torch.device) -> Tensor:
+    """``[T]``: per token of this rank, the first row of its document in the
+    coordinates of ``cat([halo (rows), own rows])``; a token of the crossing-in
+    fragment may read the whole halo (it is already masked to its document)."""
+    index = ctx.index if device.type == "cpu" else ctx.device_index
+    flags, starts = index.frag_flags.long(), index.frag_start.long()
+    tokens = torch.arange(T, device=device)
+    frag = (torch.searchsorted(starts, tokens, right=True) - 1).clamp(min=0)
+    crossing_in = (flags[frag] & (CROSSING_IN | PADDING)) == CROSSING_IN
+    return torch.where(crossing_in, 0, starts[frag] + rows)
