@@ -10,6 +10,7 @@ from gdn_kcp.budget import add_arguments, run_budget
 from gdn_kcp.cli_args import int_in, non_negative_int, positive_int
 from gdn_kcp.demo import run_demo
 from gdn_kcp.demo_kcp import run_kcp_demo
+from gdn_kcp.demo_lm import run_lm_demo
 
 MAX_DEMO_RANKS = 64
 """The KCP demo starts one process per rank on this machine."""
@@ -20,7 +21,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser = argparse.ArgumentParser(prog="python -m gdn_kcp")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="KCP over R CPU processes against one rank, then train a small GDN layer on CPU"
+        "demo", help="KCP over R CPU processes against one rank, train a small GDN layer on CPU, then a "
+                     "GatedDeltaNet byte LM on the standard library's .py files with KCP over R processes"
     )
     demo.add_argument("--ranks", type=int_in(1, MAX_DEMO_RANKS), default=4,
                       help=f"processes of the KCP run (gloo), 1 to {MAX_DEMO_RANKS}")
@@ -28,6 +30,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                       help="packed tokens of the KCP run, at least --ranks (every rank holds a token)")
     demo.add_argument("--steps", type=non_negative_int, default=60, help="training steps of the single-rank layer")
     demo.add_argument("--tokens", type=positive_int, default=1024, help="tokens per training batch")
+    demo.add_argument("--lm-steps", type=non_negative_int, default=120,
+                      help="training steps of the byte LM (KCP over --ranks processes)")
+    demo.add_argument("--lm-bytes", type=positive_int, default=256, help="bytes per rank per step of the byte LM")
     budget = commands.add_parser("budget", help="bytes every rank will hold, from the byte queries")
     add_arguments(budget)
     return parser, {"demo": demo, "budget": budget}
@@ -50,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         run_kcp_demo(R=args.ranks, T=args.kcp_tokens)
         print()
         run_demo(steps=args.steps, T=args.tokens)
+        print()
+        run_lm_demo(R=args.ranks, steps=args.lm_steps, T_rank=args.lm_bytes)
 
 
 if __name__ == "__main__":

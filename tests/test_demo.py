@@ -24,11 +24,15 @@ def test_demo_runs_without_numpy(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import numpy"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "No module named 'numpy'" in probe.stderr
     # Small sizes; the KCP part spawns its 2 rank processes, which gather their reports.
-    argv = ["-m", "gdn_kcp", "demo", "--ranks", "2", "--kcp-tokens", "64", "--steps", "1", "--tokens", "64"]
+    argv = ["-m", "gdn_kcp", "demo", "--ranks", "2", "--kcp-tokens", "64", "--steps", "1", "--tokens", "64",
+            "--lm-steps", "2", "--lm-bytes", "64"]
     run = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith("KCP: 64 packed tokens")
     rows = [line for line in lines if line.split()[:2] in (["0", "0-32"], ["1", "32-64"])]
     assert len(rows) == 4 and all(line.endswith("yes") for line in rows), run.stdout  # two per exchange
-    assert lines[-2] == "max |chunked fp32 - naive fp64 oracle| on the trained layer:"
+    oracle = lines.index("max |chunked fp32 - naive fp64 oracle| on the trained layer:")
+    assert lines[oracle + 3].startswith("training a 2-layer GatedDeltaNet byte LM")
+    held_out = [line for line in lines if "held-out" in line and "bits per byte" in line]
+    assert len(held_out) == 3, run.stdout  # steps 0, 1 and 2
