@@ -33,6 +33,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     demo.add_argument("--lm-steps", type=non_negative_int, default=120,
                       help="training steps of the byte LM (KCP over --ranks processes)")
     demo.add_argument("--lm-bytes", type=positive_int, default=256, help="bytes per rank per step of the byte LM")
+    demo.add_argument("--lm-compile", action="store_true",
+                      help="run the byte LM under torch.compile(fullgraph=True): one graph for every packing "
+                           "(compiling takes minutes on 2 cores)")
     budget = commands.add_parser("budget", help="bytes every rank will hold, from the byte queries")
     add_arguments(budget)
     return parser, {"demo": demo, "budget": budget}
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         print()
         run_demo(steps=args.steps, T=args.tokens)
         print()
-        run_lm_demo(R=args.ranks, steps=args.lm_steps, T_rank=args.lm_bytes)
+        run_lm_demo(R=args.ranks, steps=args.lm_steps, T_rank=args.lm_bytes, compile=args.lm_compile)
 
 
 if __name__ == "__main__":

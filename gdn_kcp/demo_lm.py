@@ -93,7 +93,7 @@ def rank_loss(model, stream, bounds, max_docs):
     return (loss * valid).sum(), valid.sum()
 
 
-def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int) -> None:
+def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int, compile: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=R)
     try:
@@ -103,20 +103,23 @@ def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int
         torch.manual_seed(seed)  # the same initial weights on every rank
         model = ByteLM()
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+        # one graph for every step: the capped context's caps are the only ints it holds
+        run = torch.compile(model, fullgraph=True) if compile else model
         eval_rng = random.Random(seed + 1)
         evals = [pack(held_out, T, eval_rng) for _ in range(2)]
         rng = random.Random(seed)  # the same packings on every rank
         if rank == 0:
             print(f"training a {LAYERS}-layer GatedDeltaNet byte LM ({sum(p.numel() for p in model.parameters()):,} "
                   f"parameters) with KCP on {R} gloo processes: {len(train)} + {len(held_out)} held-out stdlib "
-                  f"files, {T} bytes per step, {T_rank} per rank, max_docs = {max_docs}")
+                  f"files, {T} bytes per step, {T_rank} per rank, max_docs = {max_docs}"
+                  f"{', torch.compile(fullgraph=True)' if compile else ''}")
         start_time = time.perf_counter()
         for step in range(steps + 1):
             if step % max(1, steps // 6) == 0 or step == steps:
                 with torch.no_grad():
                     totals = torch.zeros(2, dtype=torch.float64)
                     for stream, bounds in evals:
-                        loss, count = rank_loss(model, stream, bounds, max_docs)
+                        loss, count = rank_loss(run, stream, bounds, max_docs)
                         totals += torch.stack([loss.double(), count.double()])
                     dist.all_reduce(totals)
                 if rank == 0:
@@ -126,7 +129,7 @@ def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int
             if step == steps:
                 break
             stream, bounds = pack(train, T, rng)
-            loss, count = rank_loss(model, stream, bounds, max_docs)
+            loss, count = rank_loss(run, stream, bounds, max_docs)
             total = count.double().clone()
             dist.all_reduce(total)
             optimizer.zero_grad()
@@ -143,7 +146,9 @@ def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int
         dist.destroy_process_group()
 
 
-def run_lm_demo(R: int = 4, steps: int = 150, T_rank: int = 256, seed: int = 0) -> None:
-    """Train on R processes; rank 0 prints the held-out bits per byte."""
+def run_lm_demo(R: int = 4, steps: int = 120, T_rank: int = 256, seed: int = 0, compile: bool = False) -> None:
+    """Train on R processes; rank 0 prints the held-out bits per byte. With
+    ``compile``, the model runs under ``torch.compile(fullgraph=True)``."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_train, args=(R, os.path.join(tmp, "rendezvous"), steps, T_rank, seed), nprocs=R, join=True)
+        mp.spawn(_train, args=(R, os.path.join(tmp, "rendezvous"), steps, T_rank, seed, compile), nprocs=R,
+                 join=True)

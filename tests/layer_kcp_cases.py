@@ -57,3 +57,32 @@ def check_layer_on_rank(rank: int, R: int) -> None:
                 if R > 1:
                     dist.all_reduce(total)
                 assert max_abs(total, expected) < 1e-9, (where, name, max_abs(total, expected))
+
+
+def layer_compiles_once(rank: int, R: int) -> None:
+    """The layer with kcp_context under torch.compile(fullgraph=True) over
+    three capped packings: one graph (a recompile raises), equal to eager."""
+    from torch._dynamo.utils import counters
+
+    layer = make_layer()
+    compiled = torch.compile(layer, fullgraph=True)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        for step, bounds in enumerate(([0, 30, 130, 131, 200], [0, 200], [0, 5, 5, 199, 200])):
+            ctx = build_kcp_context(bounds, max_docs=6)
+            start, end = ctx.rank_ranges[rank]
+            x = torch.randn(1, 200, 32, generator=torch.Generator().manual_seed(step), dtype=torch.float64)
+            mine = x[:, start:end].clone().requires_grad_()
+            o, _, _ = compiled(mine, kcp_context=ctx)
+            grads = torch.autograd.grad(o.square().sum(), [mine, *layer.parameters()])
+            ref = x[:, start:end].clone().requires_grad_()
+            o_eager, _, _ = layer(ref, kcp_context=ctx)
+            ref_grads = torch.autograd.grad(o_eager.square().sum(), [ref, *layer.parameters()])
+            assert max_abs(o, o_eager) < 1e-10 and not counters["graph_break"], (rank, step)
+            assert all(max_abs(a, b) < 1e-10 for a, b in zip(grads, ref_grads)), (rank, step)
+            if step == 0:
+                torch.compiler.set_stance("fail_on_recompile")
+        assert counters["stats"]["unique_graphs"] == 1
+    finally:
+        torch.compiler.set_stance("default")

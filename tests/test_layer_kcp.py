@@ -22,3 +22,9 @@ def test_halo_rounds_reach_back_over_short_ranks():
     assert halo_rounds(((0, 100), (100, 101), (101, 160)), 3) == 2  # 1 token: reach one more rank back
     assert halo_rounds(((0, 60), (60, 60), (60, 62), (62, 180)), 3) == 3  # 2 tokens then an empty rank
     assert halo_rounds(((0, 1), (1, 2), (2, 3)), 3) == 2  # rank 0 is as far back as there is
+
+
+def test_layer_kcp_compiles_once_on_two_ranks():
+    from layer_kcp_cases import layer_compiles_once
+
+    spawn_ranks(2, layer_compiles_once)
