@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from gdn_kcp.context import capped_context, context_from_split
+from gdn_kcp.gates import apply_gate_keywords
 from gdn_kcp.ops import apply_gdn
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_flag, check_gdn_inputs
@@ -22,6 +23,11 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet on one rank, chunked (C = 64), with an explicit backward.
 
@@ -36,6 +42,12 @@ def chunk_gated_delta_rule(
         use_qk_l2norm_in_kernel: L2-normalise q and k per token and head.
         cu_seqlens: ``[N + 1]`` int32/int64 document bounds of a packed batch
             (B = 1); without it the B rows are N = B documents.
+        A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval: FLA's gate and beta keywords
+            (:mod:`gdn_kcp.gates`): with ``use_gate_in_kernel`` g is the raw
+            gate input and ``g = -exp(A_log) softplus(g + dt_bias)``; with
+            ``use_beta_sigmoid_in_kernel`` ``beta = sigmoid(beta)``; with
+            ``allow_neg_eigval`` beta is doubled.
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state
     fp32 (fp64 for fp64 inputs) or None. Computation is in fp32 (fp64 for fp64
@@ -58,6 +70,9 @@ def chunk_gated_delta_rule(
         o, s = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
                                       cu_seqlens=torch.tensor([0, 30, 100]))
     """
+    g, beta = apply_gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                  allow_neg_eigval=allow_neg_eigval)
     dims, bounds = check_gdn_inputs(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens
     )

@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch
 
 from gdn_kcp.context import KcpContext
+from gdn_kcp.gates import apply_gate_keywords
 from gdn_kcp.ops import apply_gdn, check_workspace
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.rank_check import check_ranks_agree
@@ -63,6 +64,11 @@ def gdn_kcp(
     use_qk_l2norm: bool | None = None,
     options: OptionsKcp | None = None,
     workspace: WorkspaceKcp | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GDN over a packed stream split across the ranks of ``ctx`` (KCP).
 
@@ -80,7 +86,10 @@ def gdn_kcp(
     these rows are the one-rank call's, each exactly once. Every rank of the group must call it (and its backward) together.
     ``use_qk_l2norm`` is a shortcut for ``options.use_qk_l2norm``. ``workspace``
     (a :class:`WorkspaceKcp` of the same context layout, shapes, dtype and options)
-    serves both calls; without it each call allocates its own. The first
+    serves both calls; without it each call allocates its own. ``A_log``,
+    ``dt_bias``, ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel`` and
+    ``allow_neg_eigval`` are FLA's gate and beta keywords, as in
+    :func:`chunk_gated_delta_rule` (:mod:`gdn_kcp.gates`). The first
     eager call through a workspace checks, with one all-gather, that every
     rank calls with the same shapes, dtypes and options (as
     ``GDN_KCP_CHECK_RANKS=1`` does on every call): a rank that differs gets
@@ -93,6 +102,9 @@ def gdn_kcp(
         o = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
                     g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm=True)
     """
+    g, beta = apply_gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                  allow_neg_eigval=allow_neg_eigval)
     first_workspace_call = isinstance(workspace, WorkspaceKcp) and not workspace.ranks_agreed
     check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm,
                       workspace=workspace, initial_state=initial_state, output_final_state=output_final_state,

@@ -161,17 +161,14 @@ class GatedDeltaNet(nn.Module):
             q, k, v = self.q_conv1d(q, doc_start), self.k_conv1d(k, doc_start), self.v_conv1d(v, doc_start)
         else:
             q, k, v = self._conv_kcp(q, k, v, kcp_context)
-        gdt = torch.promote_types(x.dtype, torch.float32)
-        g = -self.A_log.to(gdt).exp() * F.softplus(self.a_proj(x).to(gdt) + self.dt_bias.to(gdt))
-        beta = self.b_proj(x).sigmoid()
-        if self.allow_neg_eigval:
-            beta = beta * 2
         heads = (q.view(B, T, self.num_heads, self.head_k_dim), k.view(B, T, self.num_heads, self.head_k_dim),
-                 v.view(B, T, self.num_v_heads, self.head_v_dim), g, beta)
+                 v.view(B, T, self.num_v_heads, self.head_v_dim), self.a_proj(x), self.b_proj(x))
+        gates = dict(A_log=self.A_log, dt_bias=self.dt_bias, use_gate_in_kernel=True,
+                     use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval)
         if kcp_context is None:
-            o, _ = chunk_gated_delta_rule(*heads, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+            o, _ = chunk_gated_delta_rule(*heads, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gates)
         else:
-            o = gdn_kcp(*heads, kcp_context, use_qk_l2norm=True)
+            o = gdn_kcp(*heads, kcp_context, use_qk_l2norm=True, **gates)
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
