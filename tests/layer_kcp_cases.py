@@ -8,7 +8,9 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp import build_kcp_context
+from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.layers import GatedDeltaNet
+from gdn_kcp.layers.halo import halo_comm_bytes
 
 # (bounds, ranges) per R: documents crossing one and several ranks, a rank of
 # one token (the halo reaches two ranks back), an empty rank, zero-length documents
@@ -47,9 +49,13 @@ def check_layer_on_rank(rank: int, R: int) -> None:
             ctx = build_kcp_context(list(bounds), rank_ranges=ranges and list(ranges), max_docs=max_docs)
             start, end = ctx.rank_ranges[rank]
             mine = x[:, start:end].clone().requires_grad_()
-            o, _, _ = layer(mine, kcp_context=ctx)
-            grads = torch.autograd.grad((o * do[:, start:end]).sum(), [mine, *layer.parameters()])
+            with record_comm_bytes() as log:
+                o, _, _ = layer(mine, kcp_context=ctx)
+                grads = torch.autograd.grad((o * do[:, start:end]).sum(), [mine, *layer.parameters()])
             where = (R, rank, bounds, max_docs)
+            queried = halo_comm_bytes(ctx, 2 * layer.key_dim + layer.value_dim, layer.conv_size, torch.float64)
+            for name in ("halo", "halo_grad"):  # the halo's traffic, counted, equals the query exactly
+                assert log.get(name, {"send": 0, "recv": 0}) == queried[name], (where, name, log.get(name))
             assert o.shape == (1, end - start, 32) and max_abs(o, ref[:, start:end]) < 1e-9, where
             assert max_abs(grads[0], ref_grads[0][:, start:end]) < 1e-9, where
             for name, ours, expected in zip([n for n, _ in layer.named_parameters()], grads[1:], ref_grads[1:]):

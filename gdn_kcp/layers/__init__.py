@@ -2,6 +2,7 @@
 constructor, parameter names and shapes)."""
 
 from .gated_deltanet import GatedDeltaNet
+from .halo import conv_halo, halo_comm_bytes
 from .short_conv import ShortConvolution, short_conv
 
-__all__ = ["GatedDeltaNet", "ShortConvolution", "short_conv"]
+__all__ = ["GatedDeltaNet", "ShortConvolution", "conv_halo", "halo_comm_bytes", "short_conv"]

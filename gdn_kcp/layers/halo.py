@@ -134,3 +134,19 @@ def token_doc_start_kcp(ctx: KcpContext, T: int, rows: int, device: torch.device
     frag = (torch.searchsorted(starts, tokens, right=True) - 1).clamp(min=0)
     crossing_in = (flags[frag] & (CROSSING_IN | PADDING)) == CROSSING_IN
     return torch.where(crossing_in, 0, starts[frag] + rows)
+
+
+def halo_comm_bytes(ctx: KcpContext, D: int, conv_size: int, dtype: torch.dtype) -> dict[str, dict[str, int]]:
+    """Bytes this rank sends and receives in the halo exchanges of one layer
+    call over ``D`` channels of ``dtype``: ``"halo"`` (forward) and
+    ``"halo_grad"`` (backward), as :func:`~gdn_kcp.record_comm_bytes` counts
+    them. A function of the caps only: every round moves ``[conv_size - 1, D]``
+    to the next rank, whatever the packing."""
+    rows = conv_size - 1
+    rounds = halo_rounds(ctx.rank_ranges, rows) if ctx.R > 1 and rows > 0 else 0
+    tile = rows * D * torch.empty((), dtype=dtype).element_size()
+    has_next, has_prev = int(ctx.rank + 1 < ctx.R), int(ctx.rank > 0)
+    return {
+        "halo": {"send": rounds * has_next * tile, "recv": rounds * has_prev * tile},
+        "halo_grad": {"send": rounds * has_prev * tile, "recv": rounds * has_next * tile},
+    }
