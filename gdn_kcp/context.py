@@ -8,7 +8,7 @@ size every exchange without asking the others.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -62,6 +62,10 @@ class KcpContext:
     index: ChunkIndex
     device_index: ChunkIndex = field(repr=False)
     max_docs: int | None = None
+    packing_digest: int = field(default=0, compare=False)
+    """A digest of the packing a capped context was built from on the host (0
+    when unknown): not a cap (``meta`` leaves it out), read by the
+    ``GDN_KCP_CHECK_RANKS`` check to tell two packings of the same caps apart."""
 
     @property
     def capped(self) -> bool:
@@ -310,7 +314,8 @@ def context_from_split(
     if max_docs is not None:
         check_max_docs(max_docs, len(bounds) - 1, "bounds")
         padded = torch.tensor(bounds + [bounds[-1]] * (max_docs + 1 - len(bounds)), dtype=torch.int64)
-        return capped_context(padded, ranges, rank, group=group, group_name=group_name, device=device)
+        ctx = capped_context(padded, ranges, rank, group=group, group_name=group_name, device=device)
+        return replace(ctx, packing_digest=_digest(bounds))
     R = len(ranges)
     every_rank = [rank_fragments(bounds, start, end, r == R - 1) for r, (start, end) in enumerate(ranges)]
     rank_n_in = tuple(int(any(f[3] & CROSSING_IN for f in frags)) for frags in every_rank)

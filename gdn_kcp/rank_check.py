@@ -60,7 +60,7 @@ def _float_bits(value: float) -> int:
 def _context_digest(ctx: KcpContext) -> int:
     """The group-wide part of the context (every rank's view of it is the same)."""
     shared = (ctx.group_name, ctx.R, ctx.n_docs, ctx.rank_ranges, ctx.rank_n_in, ctx.rank_n_out,
-              ctx.rank_middle, ctx.rank_prev, ctx.rank_next, ctx.chains)
+              ctx.rank_middle, ctx.rank_prev, ctx.rank_next, ctx.chains, ctx.packing_digest)
     return _digest(repr(shared))
 
 
@@ -192,8 +192,9 @@ def check_ranks_agree(
             continue
         if kind == _DIGEST:
             problems.append(
-                f"ranks {differ} hold another {name} than rank 0 (R, rank_ranges or crossing flags differ: "
-                f"build it with the same cu_seqlens_global, group and rank_ranges on every rank)"
+                f"ranks {differ} hold another {name} than rank 0 (R, rank_ranges, crossing flags, caps or the "
+                f"packing differ: build it with the same cu_seqlens_global, group, rank_ranges and max_docs "
+                f"on every rank)"
             )
             continue
         theirs = ", ".join(dict.fromkeys(_show(kind, rows[r][column], words) for r in differ))

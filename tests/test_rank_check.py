@@ -157,3 +157,20 @@ def _held_workspace_checks_once(rank: int, R: int) -> None:
 
 def test_held_workspace_checks_the_ranks_once():
     spawn_ranks(2, _held_workspace_checks_once)
+
+
+def _capped_packings_differ(rank: int, R: int) -> None:
+    """Capped contexts have the same caps and layout for every packing; with the
+    switch on, a rank built from another packing is still named."""
+    os.environ[ENV_VAR] = "1"
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=30))
+    bounds = _on_rank_1(rank, [0, 100, 200], [0, 30, 200])
+    ctx = build_kcp_context(bounds, group, max_docs=4)
+    start, end = ctx.rank_ranges[rank]
+    mine = [x[:, start:end] for x in make_inputs(T, H_qk, HV, K, V)]
+    with pytest.raises(ValueError, match=r"ranks \[1\] hold another context than rank 0"):
+        gdn_kcp(*mine, ctx)
+
+
+def test_capped_contexts_of_other_packings_are_named():
+    spawn_ranks(2, _capped_packings_differ)
