@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
+from gdn_kcp.workspace import WorkspaceKcp
 
 from .halo import conv_halo, token_doc_start_kcp
 from .short_conv import ShortConvolution, token_doc_start
@@ -133,6 +134,7 @@ class GatedDeltaNet(nn.Module):
         *,
         cu_seqlens: torch.Tensor | None = None,
         kcp_context: KcpContext | None = None,
+        workspace: WorkspaceKcp | None = None,
     ) -> tuple[torch.Tensor, None, object]:
         """``hidden_states`` ``[B, T, hidden_size]``; ``cu_seqlens`` ``[N + 1]``
         packs B = 1 rows of N documents. With ``kcp_context`` (a
@@ -140,8 +142,11 @@ class GatedDeltaNet(nn.Module):
         packed stream (``[1, T_r, hidden_size]``): the short convolutions read
         the previous ranks' last ``conv_size - 1`` rows of a crossing-in
         document (:func:`~gdn_kcp.layers.halo.conv_halo`) and the GDN runs as
-        :func:`~gdn_kcp.gdn_kcp`; every rank must call it together. Returns
-        FLA's ``(o, None, past_key_values)``."""
+        :func:`~gdn_kcp.gdn_kcp`; every rank must call it together.
+        ``workspace``: a held :class:`~gdn_kcp.WorkspaceKcp` for that call
+        (made for the context's caps, this layer's heads and dims,
+        ``use_qk_l2norm=True``), so a training loop allocates one per layer.
+        Returns FLA's ``(o, None, past_key_values)``."""
         if use_cache or past_key_values is not None:
             raise ValueError("GatedDeltaNet computes training-mode math: decode caches (use_cache=True, "
                              "past_key_values) are not supported")
@@ -151,6 +156,8 @@ class GatedDeltaNet(nn.Module):
             raise ValueError("pass cu_seqlens or kcp_context, not both (the context holds the packing)")
         if kcp_context is not None and not isinstance(kcp_context, KcpContext):
             raise TypeError(f"kcp_context must be a KcpContext or None, got {type(kcp_context).__name__}")
+        if workspace is not None and kcp_context is None:
+            raise ValueError("workspace is for the KCP call: pass it with kcp_context")
         B, T, _ = hidden_states.shape
         x = hidden_states
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -168,7 +175,7 @@ class GatedDeltaNet(nn.Module):
         if kcp_context is None:
             o, _ = chunk_gated_delta_rule(*heads, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gates)
         else:
-            o = gdn_kcp(*heads, kcp_context, use_qk_l2norm=True, **gates)
+            o = gdn_kcp(*heads, kcp_context, use_qk_l2norm=True, workspace=workspace, **gates)
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
