@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from gdn_kcp.kernels.chunk_index import PADDING, capped_index, static_length
+from gdn_kcp.kernels.chunk_index import PADDING, capped_index
 from gdn_kcp.validate import check_bounds, check_cu_seqlens, check_max_docs
 
 
@@ -147,6 +147,11 @@ class KcpContext:
         workspace made for one serves the other (every packing of a capped
         context's caps has the same key)."""
         return tuple(self.meta)
+
+    def index_for(self, device: torch.device) -> ChunkIndex:
+        """The index the programs read for tensors on ``device``: the host
+        tables on the CPU, the device copy elsewhere."""
+        return self.index if device.type == "cpu" else self.device_index
 
     def owner_heads(self, HV: int) -> int:
         """``s_owner = ceil(HV / R)``: value heads per owner slice (the last padded)."""
@@ -376,7 +381,7 @@ def capped_context(
     rank_middle = tuple(a & b for a, b in zip(rank_n_in, rank_n_out))
     start, end = ranges[rank]
     index = capped_index(cu_seqlens, start, end, last_rank=rank == R - 1)
-    n_docs = static_length(cu_seqlens) - 1
+    n_docs = index.n_frag  # a capped index has a fragment row per document
     return KcpContext(
         R=R, rank=rank, group=group, group_name=group_name, rank_ranges=tuple(ranges),
         n_docs=n_docs, rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,

@@ -86,7 +86,8 @@ def rank_loss(model, stream, bounds, max_docs):
     start, end = ctx.rank_ranges[ctx.rank]
     logits = model(stream[start:end], ctx)
     positions = torch.arange(start, end)
-    ends = torch.tensor(bounds[1:])[torch.searchsorted(torch.tensor(bounds[1:]), positions, right=True)]
+    doc_ends = torch.tensor(bounds[1:])
+    ends = doc_ends[torch.searchsorted(doc_ends, positions, right=True)]
     valid = positions + 1 < ends  # the next byte is in the same document
     targets = stream[(positions + 1).clamp(max=len(stream) - 1)]
     loss = F.cross_entropy(logits, targets, reduction="none")

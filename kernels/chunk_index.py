@@ -188,6 +188,18 @@ def capped_index(cu_seqlens: torch.Tensor, start: int, end: int, *, last_rank: b
                       max_frag_chunks)
 
 
+def crosses(frag_flags: torch.Tensor, flag: int) -> torch.Tensor:
+    """Where a real fragment crosses ``flag``'s way (``CROSSING_IN`` or
+    ``CROSSING_OUT``); a sentinel row never does."""
+    return (frag_flags & (flag | PADDING)) == flag
+
+
+def last_real_fragment(frag_flags: torch.Tensor) -> torch.Tensor:
+    """``[1]``: the last fragment that is not a sentinel (sentinels follow the
+    real rows; 0 when there is none). Read on the device, no host sync."""
+    return ((frag_flags & PADDING) == 0).sum().sub(1).clamp(min=0).reshape(1)
+
+
 def initial_row_shift(frag_flags: torch.Tensor) -> torch.Tensor:
     """``n_in`` as a ``[1]`` tensor (``[0]`` without fragments): fragment f's row
     in the initial states is ``f - n_in``. Read on the device, no host sync."""

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.exchange.counting import count
-from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, PADDING
+from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, crosses, last_real_fragment
 
 
 def _group(group_name: str):
@@ -108,32 +108,29 @@ def conv_halo(y: Tensor, ctx: KcpContext, rows: int) -> Tensor:
             # so every rank runs the backward's exchanges too
             halo = halo_shift(torch.cat([halo, y])[-rows:], ctx.group_name, ctx.R, ctx.rank)
         return halo
-    index = ctx.index if y.device.type == "cpu" else ctx.device_index
+    index = ctx.index_for(y.device)
     flags, starts = index.frag_flags.long(), index.frag_start.long()
-    last = (((flags & PADDING) == 0).sum() - 1).clamp(min=0).reshape(1)
-    last_flags = flags[last]
-    crosses_out = (last_flags & (CROSSING_OUT | PADDING)) == CROSSING_OUT
-    middle = crosses_out & ((last_flags & CROSSING_IN) != 0)  # the halo's document goes on past this rank
+    last = last_real_fragment(flags)
+    crosses_out = crosses(flags[last], CROSSING_OUT)
+    middle = crosses_out & crosses(flags[last], CROSSING_IN)  # the halo's document goes on past this rank
     # own rows that may continue into the next rank: those of the crossing-out fragment
     tokens = torch.arange(y.shape[0], device=y.device)
     outgoing = (crosses_out & (tokens >= starts[last])).to(y.dtype)[:, None]
     for _ in range(halo_rounds(ctx.rank_ranges, rows)):
         tail = torch.cat([halo * middle.to(y.dtype), y * outgoing])[-rows:]
         halo = halo_shift(tail, ctx.group_name, ctx.R, ctx.rank)
-    crosses_in = ((flags[:1] & (CROSSING_IN | PADDING)) == CROSSING_IN).to(y.dtype)
-    return halo * crosses_in
+    return halo * crosses(flags[:1], CROSSING_IN).to(y.dtype)
 
 
 def token_doc_start_kcp(ctx: KcpContext, T: int, rows: int, device: torch.device) -> Tensor:
     """``[T]``: per token of this rank, the first row of its document in the
     coordinates of ``cat([halo (rows), own rows])``; a token of the crossing-in
     fragment may read the whole halo (it is already masked to its document)."""
-    index = ctx.index if device.type == "cpu" else ctx.device_index
+    index = ctx.index_for(device)
     flags, starts = index.frag_flags.long(), index.frag_start.long()
     tokens = torch.arange(T, device=device)
     frag = (torch.searchsorted(starts, tokens, right=True) - 1).clamp(min=0)
-    crossing_in = (flags[frag] & (CROSSING_IN | PADDING)) == CROSSING_IN
-    return torch.where(crossing_in, 0, starts[frag] + rows)
+    return torch.where(crosses(flags[frag], CROSSING_IN), 0, starts[frag] + rows)
 
 
 def halo_comm_bytes(ctx: KcpContext, D: int, conv_size: int, dtype: torch.dtype) -> dict[str, dict[str, int]]:

@@ -91,7 +91,7 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
     """Run the ops on token-layout tensors for rank ``ctx.rank``: ``(o, final_state)``.
     Inputs are made contiguous here, in traced code: the programs address rows
     as ``(t * H + h) * D``."""
-    index = ctx.index if q.device.type == "cpu" else ctx.device_index
+    index = ctx.index_for(q.device)
     if index.chunk_table.device != q.device:
         raise ValueError(
             f"the context's index is on {index.chunk_table.device} but q is on {q.device}: "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..chunk_index import CROSSING_IN, CROSSING_OUT, PADDING, ChunkIndex
+from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, crosses
 from ._chunks import chunk_rows, to_chunks
 from ._walk import adjoint_step, q_decayed_do, walk_operands
 from .tape_walk import gather_states
@@ -40,7 +40,7 @@ def adjoint_summary(
     pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale)
     dvl = to_chunks(dv_local, rows, cdt)
     # fragment 0 starts at chunk 0; on a capped index it may not cross in: nu = 0 (the identity)
-    crosses_in = (index.frag_flags[:1] & (CROSSING_IN | PADDING)) == CROSSING_IN
+    crosses_in = crosses(index.frag_flags[:1], CROSSING_IN)
     n = torch.where(crosses_in, index.frag_n_chunks[:1].long(), 0)
     dS = gather_states(index, d_final_state, CROSSING_OUT, nu_out.new_zeros((index.n_frag,) + nu_out.shape[1:]))[:1]
     dS = torch.where(crosses_in[:, None, None, None], dS, 0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..chunk_index import CROSSING_IN, CROSSING_OUT, PADDING, ChunkIndex
+from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, crosses, last_real_fragment
 from ._chunks import chunk_rows, to_chunks
 from ._walk import state_step, walk_operands
 from .tape_walk import gather_states
@@ -51,10 +51,10 @@ def summary_walk(
     # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
     # [T_c S + B_c | T_c M], and it starts at [S_start | I].
     X = s_loc_out.new_zeros(1, HV, K, V + (K if m_out is not None else 0))
-    last = ((index.frag_flags & PADDING) == 0).sum().sub(1).clamp(min=0).reshape(1)
+    last = last_real_fragment(index.frag_flags)
     flags = index.frag_flags[last]
-    crosses_out = (flags & (CROSSING_OUT | PADDING)) == CROSSING_OUT
-    middle = crosses_out & ((flags & CROSSING_IN) != 0)
+    crosses_out = crosses(flags, CROSSING_OUT)
+    middle = crosses_out & crosses(flags, CROSSING_IN)
     starts = gather_states(index, initial_state, CROSSING_IN, X.new_zeros(index.n_frag, HV, K, V))[last]
     X[..., :V] = torch.where(crosses_out[:, None, None, None], starts, 0)
     if m_out is not None:
