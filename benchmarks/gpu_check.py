@@ -145,6 +145,42 @@ def time_paths(results, device, dims, dtype, bounds):
     results["timing"] = timing
 
 
+def profile_kernels(results, device, dims, dtype, bounds):
+    """Per-kernel device time of one forward+backward (torch.profiler), ours and
+    FLA's when it imports: where the time goes, kernel by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    H_qk, HV, K, V = dims
+    ctx = build_kcp_context(bounds, device=device)
+    xs = [x.requires_grad_() for x in inputs(bounds[-1], H_qk, HV, K, V, dtype, device)]
+    cu = torch.tensor(bounds, dtype=torch.long, device=device)
+    do = torch.randn_like(xs[2])
+    paths = {"gdn_kcp": lambda: gdn_kcp(*xs, ctx, use_qk_l2norm=True)}
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdr
+
+        paths["fla"] = lambda: fla_gdr(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
+    except Exception:
+        pass
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    table = {}
+    for name, fn in paths.items():
+        torch.autograd.grad((fn() * do).sum(), xs)  # compiled and warm
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        with profile(activities=[activity]) as prof:
+            torch.autograd.grad((fn() * do).sum(), xs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        rows = {}
+        for event in prof.key_averages():
+            us = getattr(event, "device_time_total", 0) if device.type == "cuda" else event.self_cpu_time_total
+            if us > 0:
+                rows[event.key[:80]] = round(us / 1e3, 3)
+        table[name] = dict(sorted(rows.items(), key=lambda kv: -kv[1])[:25])
+    results["kernel_ms"] = table
+
+
 def check_reduce_overhead(results, device, dims, dtype, bounds):
     """A layer around gdn_kcp under torch.compile(mode="reduce-overhead")."""
     from gdn_layer import KcpLayer
@@ -239,10 +275,15 @@ def check_capture_once(results, device, dims, dtype, bounds, steps: int | None =
     results["capture_once"] = capture
 
 
+STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
+         "profile": "profile_kernels", "reduce_overhead": "check_reduce_overhead", "capture_once": "check_capture_once"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton under the interpreter")
+    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of: " + ", ".join(STEPS))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
@@ -256,7 +297,7 @@ def main() -> None:
         "triton": __import__("triton").__version__, "T": T, "documents": len(bounds) - 1,
         "H_qk, HV, K, V": dims, "dtype": str(dtype),
     }
-    steps = [check_programs, check_forward_backward, time_paths, check_reduce_overhead, check_capture_once]
+    steps = [globals()[STEPS[name]] for name in args.steps.split(",")]
     context = use_programs("cpu", "triton") if args.dry_run else _null()
     with context:
         for step in steps:
@@ -306,6 +347,9 @@ def markdown(r: dict) -> str:
                      f"{c['dynamo_graphs']} Dynamo graph(s), {c['cuda_graphs_recorded']} CUDA graph(s) recorded "
                      f"(goal 1), worst rel RMS vs eager {c['worst_relative_rms_vs_eager']:.1e}, "
                      f"no host sync: {c.get('no_host_sync', 'not checked')}")
+    for path, rows in r.get("kernel_ms", {}).items():
+        lines.append(f"- {path} kernels (ms, one forward+backward): "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in list(rows.items())[:12]))
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
     lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))
