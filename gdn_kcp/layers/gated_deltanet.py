@@ -23,8 +23,8 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.workspace import WorkspaceKcp
 
-from .halo import conv_halo, token_doc_start_kcp
-from .short_conv import ShortConvolution, token_doc_start
+from .halo import conv_halo
+from .short_conv import ShortConvolution, short_conv
 
 MODES = ("chunk", "fused_recurrent")
 
@@ -160,14 +160,15 @@ class GatedDeltaNet(nn.Module):
             raise ValueError("workspace is for the KCP call: pass it with kcp_context")
         B, T, _ = hidden_states.shape
         x = hidden_states
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        # q, k and v as one [B, T, 2 key_dim + value_dim] product and one convolution launch
+        qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
         if not self.use_short_conv:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            qkv = F.silu(qkv)
         elif kcp_context is None:
-            doc_start = None if cu_seqlens is None else token_doc_start(cu_seqlens, T)
-            q, k, v = self.q_conv1d(q, doc_start), self.k_conv1d(k, doc_start), self.v_conv1d(v, doc_start)
+            qkv = short_conv(qkv, *self._conv_params(), None if cu_seqlens is None else cu_seqlens[:-1])
         else:
-            q, k, v = self._conv_kcp(q, k, v, kcp_context)
+            qkv = self._conv_kcp(qkv, kcp_context)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         heads = (q.view(B, T, self.num_heads, self.head_k_dim), k.view(B, T, self.num_heads, self.head_k_dim),
                  v.view(B, T, self.num_v_heads, self.head_v_dim), self.a_proj(x), self.b_proj(x))
         gates = dict(A_log=self.A_log, dt_bias=self.dt_bias, use_gate_in_kernel=True,
@@ -180,15 +181,14 @@ class GatedDeltaNet(nn.Module):
         o = self.o_norm(o, gate)
         return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
 
-    def _conv_kcp(self, q, k, v, ctx: KcpContext):
-        """The three short convolutions of this rank's rows (B = 1) with the halo
-        of one exchange of ``[conv_size - 1, 2 key_dim + value_dim]`` per round."""
-        rows = self.conv_size - 1
-        y = torch.cat([q, k, v], dim=-1)[0]
-        halo = conv_halo(y, ctx, rows)
-        doc_start = token_doc_start_kcp(ctx, y.shape[0], rows, y.device)
-        # the extended rows are [halo, own]: the halo's outputs are dropped
-        doc_start = torch.cat([torch.zeros(rows, dtype=doc_start.dtype, device=y.device), doc_start])
-        parts = torch.cat([halo, y])[None].split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    def _conv_params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weights (``[D, 1, W]``) and biases of the q, k and v convolutions as one."""
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        return [conv(part, doc_start)[:, rows:] for conv, part in zip(convs, parts)]
+        bias = torch.cat([conv.bias for conv in convs]) if self.conv_bias else None
+        return torch.cat([conv.weight for conv in convs]), bias
+
+    def _conv_kcp(self, qkv: torch.Tensor, ctx: KcpContext) -> torch.Tensor:
+        """The convolution of this rank's rows (B = 1) with the halo of one exchange
+        of ``[conv_size - 1, 2 key_dim + value_dim]`` per round (none on one rank)."""
+        halo = conv_halo(qkv[0], ctx, self.conv_size - 1) if ctx.R > 1 else None
+        return short_conv(qkv, *self._conv_params(), ctx.index_for(qkv.device).frag_start, halo)

@@ -122,17 +122,6 @@ def conv_halo(y: Tensor, ctx: KcpContext, rows: int) -> Tensor:
     return halo * crosses(flags[:1], CROSSING_IN).to(y.dtype)
 
 
-def token_doc_start_kcp(ctx: KcpContext, T: int, rows: int, device: torch.device) -> Tensor:
-    """``[T]``: per token of this rank, the first row of its document in the
-    coordinates of ``cat([halo (rows), own rows])``; a token of the crossing-in
-    fragment may read the whole halo (it is already masked to its document)."""
-    index = ctx.index_for(device)
-    flags, starts = index.frag_flags.long(), index.frag_start.long()
-    tokens = torch.arange(T, device=device)
-    frag = (torch.searchsorted(starts, tokens, right=True) - 1).clamp(min=0)
-    return torch.where(crosses(flags[frag], CROSSING_IN), 0, starts[frag] + rows)
-
-
 def halo_comm_bytes(ctx: KcpContext, D: int, conv_size: int, dtype: torch.dtype) -> dict[str, dict[str, int]]:
     """Bytes this rank sends and receives in the halo exchanges of one layer
     call over ``D`` channels of ``dtype``: ``"halo"`` (forward) and

@@ -3,40 +3,112 @@ reset at every document start of a packed batch.
 
     y[t] = silu(bias + sum_{i < W} weight[:, 0, W - 1 - i] * x[t - i]),  t - i in t's document
 
+``gdn_kcp::short_conv`` is an opaque op over ``[T, D]`` rows: the torch
+program on the CPU, one Triton launch on CUDA (SiLU fused; the layer runs
+q, k and v as one ``D``). Under KCP it takes the ``W - 1`` rows before the
+rank's first token (the halo, :mod:`.halo`), read by the first document
+only. Its backward recomputes the pre-activation, so it keeps its inputs
+and nothing else: under KCP the halo is the one tensor it keeps that the
+layer's caller never holds (``OptionsKcp(with_conv=True)`` counts it).
+
 The weight has ``nn.Conv1d``'s depthwise layout ``[D, 1, W]`` (FLA's
 ``ShortConvolution`` is such a Conv1d, so their state dicts are the same).
-This is the torch program (autograd through torch ops); it does not yet take a
-halo from the previous rank under KCP.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
-from torch import nn
-from torch.nn import functional as F
+from torch import Tensor, nn
+
+from gdn_kcp.host.programs import programs_for
+from gdn_kcp.kernels.torch.short_conv import conv_reach
+
+DEVICES = ("cpu", "cuda")
 
 
-def token_doc_start(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
-    """``[T]``: the first token of each token's document (bounds ``[N + 1]``)."""
-    cu = cu_seqlens.to(torch.int64)
-    tokens = torch.arange(T, device=cu.device)
-    doc = torch.searchsorted(cu[1:], tokens, right=True).clamp(max=cu.shape[0] - 2)
-    return cu[doc]
+def _programs(x: Tensor):
+    return programs_for(x.device)
 
 
-def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               doc_start: torch.Tensor | None) -> torch.Tensor:
-    """``x`` ``[B, T, D]``; ``weight`` ``[D, 1, W]``; ``bias`` ``[D]`` or None;
-    ``doc_start`` ``[T]`` (a packed row, B = 1) or None (each row one document)."""
-    T, W = x.shape[1], weight.shape[-1]
-    y = x.new_zeros(()) if bias is None else bias
-    for i in range(W):  # tap i reads token t - i
-        shifted = F.pad(x, (0, 0, i, 0))[:, :T]
-        if doc_start is not None and i:
-            inside = torch.arange(T, device=x.device) - i >= doc_start
-            shifted = shifted * inside[None, :, None].to(x.dtype)
-        y = y + shifted * weight[:, 0, W - 1 - i]
-    return F.silu(y)
+@torch.library.custom_op("gdn_kcp::short_conv", mutates_args=(), device_types=DEVICES)
+def short_conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], doc_starts: Tensor,
+                  halo: Optional[Tensor]) -> Tensor:
+    """x ``[T, D]``; weight ``[D, W]``; bias ``[D]`` or None; doc_starts ``[n]``
+    (sorted local document starts, the first 0); halo ``[W - 1, D]`` or None."""
+    y = torch.empty_like(x)
+    reach = conv_reach(doc_starts, x.shape[0], weight.shape[1], 0 if halo is None else halo.shape[0])
+    _programs(x).short_conv_fwd(x, weight, bias, reach, halo, y_out=y)
+    return y
+
+
+@torch.library.custom_op("gdn_kcp::short_conv_bwd", mutates_args=(), device_types=DEVICES)
+def short_conv_bwd_op(dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], doc_starts: Tensor,
+                      halo: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dx, dweight, dbias, dhalo)``; dbias / dhalo are empty when bias / halo are None."""
+    dx, dweight = torch.empty_like(x), torch.empty_like(weight)
+    dbias = torch.empty_like(bias) if bias is not None else x.new_empty(0)
+    dhalo = torch.empty_like(halo) if halo is not None else x.new_empty(0)
+    reach = conv_reach(doc_starts, x.shape[0], weight.shape[1], 0 if halo is None else halo.shape[0])
+    _programs(x).short_conv_bwd(dy.contiguous(), x, weight, bias, reach, halo, dx_out=dx, dweight_out=dweight,
+                                dbias_out=dbias if bias is not None else None,
+                                dhalo_out=dhalo if halo is not None else None)
+    return dx, dweight, dbias, dhalo
+
+
+@short_conv_op.register_fake
+def _(x, weight, bias, doc_starts, halo):
+    return torch.empty_like(x)
+
+
+@short_conv_bwd_op.register_fake
+def _(dy, x, weight, bias, doc_starts, halo):
+    return (torch.empty_like(x), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0),
+            torch.empty_like(halo) if halo is not None else x.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, doc_starts, halo = inputs
+    ctx.save_for_backward(x, weight, bias, doc_starts, halo)
+
+
+def _backward(ctx, dy):
+    x, weight, bias, doc_starts, halo = ctx.saved_tensors
+    dx, dweight, dbias, dhalo = short_conv_bwd_op(dy, x, weight, bias, doc_starts, halo)
+    return dx, dweight, dbias if bias is not None else None, None, dhalo if halo is not None else None
+
+
+short_conv_op.register_autograd(_backward, setup_context=_setup)
+
+
+def check_conv_inputs(x: Tensor, weight: Tensor, bias: Tensor | None, halo: Tensor | None) -> None:
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"short_conv wants x [T, D] and weight [D, W], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (x.shape[1],):
+        raise ValueError(f"bias must have shape [D] = [{x.shape[1]}], got {tuple(bias.shape)}")
+    if halo is not None and tuple(halo.shape) != (weight.shape[1] - 1, x.shape[1]):
+        raise ValueError(f"halo must have shape [W - 1, D] = [{weight.shape[1] - 1}, {x.shape[1]}], "
+                         f"got {tuple(halo.shape)}")
+
+
+def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None, doc_starts: Tensor | None = None,
+               halo: Tensor | None = None) -> Tensor:
+    """``x`` ``[B, T, D]``; ``weight`` ``[D, 1, W]`` or ``[D, W]``; ``bias`` ``[D]``
+    or None; ``doc_starts`` the starts of the packed row's documents (B = 1;
+    ``cu_seqlens[:-1]`` will do) or None (each row one document); ``halo``
+    ``[W - 1, D]`` rows before the first token, read by the first document."""
+    B, T, D = x.shape
+    w = weight.reshape(weight.shape[0], weight.shape[-1])
+    if doc_starts is None:
+        doc_starts = torch.arange(0, B * T, max(T, 1), device=x.device)
+    elif B != 1:
+        raise ValueError(f"doc_starts packs one row: hidden states must have B = 1, got B = {B}")
+    rows = x.reshape(B * T, D)
+    check_conv_inputs(rows, w, bias, halo)
+    y = short_conv_op(rows.contiguous(), w.contiguous(), bias, doc_starts, None if halo is None else halo.contiguous())
+    return y.view(B, T, D)
 
 
 class ShortConvolution(nn.Conv1d):
@@ -47,5 +119,5 @@ class ShortConvolution(nn.Conv1d):
         super().__init__(hidden_size, hidden_size, kernel_size, groups=hidden_size, padding=kernel_size - 1,
                          bias=bias)
 
-    def forward(self, x: torch.Tensor, doc_start: torch.Tensor | None = None) -> torch.Tensor:
-        return short_conv(x, self.weight, self.bias, doc_start)
+    def forward(self, x: Tensor, doc_starts: Tensor | None = None, halo: Tensor | None = None) -> Tensor:
+        return short_conv(x, self.weight, self.bias, doc_starts, halo)

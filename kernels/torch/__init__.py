@@ -17,6 +17,7 @@ from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .output import output
 from .prep import prep
+from .short_conv import short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
 
@@ -30,6 +31,8 @@ __all__ = [
     "bwd_wy",
     "output",
     "prep",
+    "short_conv_bwd",
+    "short_conv_fwd",
     "summary_walk",
     "tape_walk",
 ]

@@ -15,6 +15,7 @@ from .bwd_qk_norm import bwd_qk_norm
 from .bwd_wy import bwd_wy
 from .output import output
 from .prep import prep
+from .short_conv import short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
 
@@ -28,6 +29,8 @@ __all__ = [
     "bwd_wy",
     "output",
     "prep",
+    "short_conv_bwd",
+    "short_conv_fwd",
     "summary_walk",
     "tape_walk",
 ]

@@ -26,6 +26,8 @@ from .bwd_qk_norm import bwd_qk_norm_kernel
 from .bwd_wy import bwd_wy_kernel
 from .output import output_kernel
 from .prep import l2_rstd_kernel, prep_kernel
+from .short_conv import (BD_CONV, BT_CONV, DW_BLOCKS, short_conv_bwd_dw_kernel, short_conv_bwd_dx_kernel,
+                         short_conv_fwd_kernel)
 from .summary_walk import summary_walk_kernel
 from .tape_walk import tape_walk_kernel
 
@@ -33,7 +35,7 @@ SHARED_MEMORY_LIMIT = 232_448
 """Dynamic shared memory per block on the H100 / H200 (227 KiB)."""
 
 FLOATS = {"scale"}
-INDEX_TABLES = {"chunk_table", "frag_table"}
+INDEX_TABLES = {"chunk_table", "frag_table", "reach"}
 # Pointers in the input dtype (bf16 here); every other pointer is an fp32 tape.
 INPUT_POINTERS = {
     "l2_rstd_kernel": {"x"},
@@ -48,6 +50,9 @@ INPUT_POINTERS = {
     "bwd_wy_kernel": {"k", "v", "beta", "dv", "dbeta"},
     "bwd_gate_cumsum_kernel": {"dg"},
     "bwd_qk_norm_kernel": {"x", "dx"},
+    "short_conv_fwd_kernel": {"x", "w", "b", "halo", "y"},
+    "short_conv_bwd_dx_kernel": {"x", "w", "b", "halo", "dy", "dx", "dhalo"},
+    "short_conv_bwd_dw_kernel": {"x", "w", "b", "halo", "dy"},
 }
 INTS = {"n_chunks", "n_frag", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
 
@@ -56,6 +61,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     """``(name, kernel, constexprs)`` of every kernel at its shipped configuration."""
     BK, BV = head_block(K), value_block(V)
     walk = dict(BT=BT, BK=BK, BV=BV, HAS_NORM=True, ACC=tl.float32)
+    conv = dict(W=4, HAS_BIAS=True, HAS_HALO=True, BT=BT_CONV, BD=BD_CONV, ACC=tl.float32)
     return [
         ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
         ("prep_kernel", prep_kernel, dict(walk, STORE_A=True)),
@@ -70,6 +76,9 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("bwd_wy_kernel", bwd_wy_kernel, walk),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
         ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT, BK=BK, HAS_NORM=True, ACC=tl.float32)),
+        ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),
+        ("short_conv_bwd_dx_kernel", short_conv_bwd_dx_kernel, conv),
+        ("short_conv_bwd_dw_kernel", short_conv_bwd_dw_kernel, dict(conv, BLOCKS=DW_BLOCKS)),
     ]
 
 
