@@ -44,6 +44,16 @@ class OptionsKcp:
         in, whatever R) or ``"ring"`` (state passed along each chain; no M on the
         wire, but the ranks of a long document wait on one another).
     use_qk_l2norm: L2-normalise q and k per token and head inside the kernels.
+    with_conv: the call belongs to a layer with a short convolution of width
+        ``conv_size`` over q, k and v under KCP
+        (:class:`gdn_kcp.layers.GatedDeltaNet`): the byte queries add what that
+        convolution's halo costs. The saved set gains ``conv_halo``, the
+        ``[conv_size - 1, 2 H_qk K + HV V]`` rows received from the previous
+        rank (input dtype, on R > 1), which the convolution keeps for its
+        backward; the traffic gains ``halo`` and ``halo_grad``. The workspace
+        does not change: the halo exchange binds no pool of it (its tiles are
+        fresh tensors, and ``gdn_kcp`` itself allocates none of them).
+    conv_size: the convolution's width W (read with ``with_conv=True``).
 
     Example: ``gdn_kcp(q, k, v, g, beta, ctx, options=OptionsKcp(save_mode="full"))``.
     """
@@ -56,6 +66,8 @@ class OptionsKcp:
     graph: str = "off"
     exchange: str = "a2a"
     use_qk_l2norm: bool = False
+    with_conv: bool = False
+    conv_size: int = 4
 
     def __post_init__(self) -> None:
         _check_bool("deterministic", self.deterministic)
@@ -66,6 +78,9 @@ class OptionsKcp:
         _check_choice("graph", self.graph, GRAPH_MODES)
         _check_choice("exchange", self.exchange, EXCHANGES)
         _check_bool("use_qk_l2norm", self.use_qk_l2norm)
+        _check_bool("with_conv", self.with_conv)
+        if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 1:
+            raise ValueError(f"OptionsKcp.conv_size must be an int >= 1, got {self.conv_size!r}")
         if self.save_mode == "full" and not self.save_for_backward:
             raise ValueError(
                 "save_mode='full' keeps the forward tapes, but save_for_backward=False keeps no saved set"
@@ -118,7 +133,7 @@ def save_plan(options: OptionsKcp) -> SavePlan:
 
 OPTION_NAMES = (
     "deterministic", "save_mode", "boundary_mode", "save_transfer", "save_for_backward", "graph", "exchange",
-    "use_qk_l2norm",
+    "use_qk_l2norm", "with_conv", "conv_size",
 )
 
 
@@ -132,5 +147,5 @@ def options_from_str(text: str) -> OptionsKcp:
     values: dict[str, object] = {}
     for item in text.split(";"):
         name, _, value = item.partition("=")
-        values[name] = {"True": True, "False": False}.get(value, value)
+        values[name] = int(value) if name == "conv_size" else {"True": True, "False": False}.get(value, value)
     return OptionsKcp(**values)

@@ -7,10 +7,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gdn_kcp import build_kcp_context
+from gdn_kcp import build_kcp_context, gdn_comm_bytes_kcp, gdn_saved_layout_kcp
 from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.layers import GatedDeltaNet
-from gdn_kcp.layers.halo import halo_comm_bytes
 
 # (bounds, ranges) per R: documents crossing one and several ranks, a rank of
 # one token (the halo reaches two ranks back), an empty rank, zero-length documents
@@ -34,6 +33,30 @@ def make_layer() -> GatedDeltaNet:
     return layer
 
 
+def conv_node(o: torch.Tensor):
+    """The autograd node of the layer's short convolution under ``o``."""
+    seen, todo = set(), [o.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "gdn_kcp_short_conv" in node.name():
+            return node
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    raise AssertionError("no short convolution node under o")
+
+
+def conv_kept_bytes(o: torch.Tensor, layer: GatedDeltaNet, ctx) -> int:
+    """Bytes the convolution keeps besides the parameters and the context's index
+    tables, less its own [T_r, D] input (which it keeps on one rank too): the
+    halo that OptionsKcp(with_conv=True) counts."""
+    held = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), ctx.index.frag_table, ctx.index.chunk_table)}
+    kept = [t for t in conv_node(o).saved_tensors if t is not None and t.untyped_storage().data_ptr() not in held]
+    D = 2 * layer.key_dim + layer.value_dim
+    return sum(t.numel() * t.element_size() for t in kept) - o.shape[1] * D * o.element_size()
+
+
 def check_layer_on_rank(rank: int, R: int) -> None:
     for bounds, ranges in LAYER_CASES[R]:
         for max_docs in (None, len(bounds) + 1):
@@ -51,11 +74,22 @@ def check_layer_on_rank(rank: int, R: int) -> None:
             mine = x[:, start:end].clone().requires_grad_()
             with record_comm_bytes() as log:
                 o, _, _ = layer(mine, kcp_context=ctx)
+                kept = conv_kept_bytes(o, layer, ctx)
                 grads = torch.autograd.grad((o * do[:, start:end]).sum(), [mine, *layer.parameters()])
             where = (R, rank, bounds, max_docs)
-            queried = halo_comm_bytes(ctx, 2 * layer.key_dim + layer.value_dim, layer.conv_size, torch.float64)
-            for name in ("halo", "halo_grad"):  # the halo's traffic, counted, equals the query exactly
-                assert log.get(name, {"send": 0, "recv": 0}) == queried[name], (where, name, log.get(name))
+            # with_conv=True: the halo's traffic and the rows the convolution keeps equal the queries exactly
+            shapes = dict(H_qk=layer.num_heads, HV=layer.num_v_heads, K=layer.head_k_dim, V=layer.head_v_dim)
+            options = layer.kcp_options()
+            assert options.with_conv and options.conv_size == layer.conv_size
+            queried = gdn_comm_bytes_kcp(ctx, shapes["HV"], shapes["K"], shapes["V"], dtype=torch.float64,
+                                         options=options, H_qk=shapes["H_qk"])
+            assert set(queried) == {"c1", "c2", "b1", "b2", "halo", "halo_grad"}, where
+            for name, figure in queried.items():
+                assert log.get(name, {"send": 0, "recv": 0}) == figure, (where, name, log.get(name), figure)
+            saved = gdn_saved_layout_kcp(ctx, **shapes, dtype=torch.float64, options=options)
+            halo = saved.get("conv_halo")
+            assert kept == (halo.nbytes if halo else 0), (where, kept, halo)
+            assert (halo is not None) == (R > 1), where
             assert o.shape == (1, end - start, 32) and max_abs(o, ref[:, start:end]) < 1e-9, where
             assert max_abs(grads[0], ref_grads[0][:, start:end]) < 1e-9, where
             for name, ours, expected in zip([n for n, _ in layer.named_parameters()], grads[1:], ref_grads[1:]):

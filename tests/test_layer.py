@@ -128,13 +128,13 @@ def test_layer_with_a_held_workspace():
     """On a one-rank KCP context a held WorkspaceKcp serves the layer's GDN call
     (forward and backward) for two packings of the same caps, with the same
     results as a call that allocates its own."""
-    from gdn_kcp import OptionsKcp, WorkspaceKcp, build_kcp_context
+    from gdn_kcp import WorkspaceKcp, build_kcp_context
 
     torch.manual_seed(0)
     layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2).double()
     x = torch.randn(1, 131, 32, dtype=torch.float64)
     first = build_kcp_context(BOUNDS, max_docs=6)
-    workspace = WorkspaceKcp(first, 2, 2, 8, 16, dtype=torch.float64, options=OptionsKcp(use_qk_l2norm=True))
+    workspace = WorkspaceKcp(first, 2, 2, 8, 16, dtype=torch.float64, options=layer.kcp_options())
     for bounds in (BOUNDS, [0, 131]):
         ctx = build_kcp_context(bounds, max_docs=6)
         held, _, _ = layer(x, kcp_context=ctx, workspace=workspace)

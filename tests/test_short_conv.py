@@ -33,6 +33,11 @@ def loop_conv(x, weight, bias, doc_starts, halo):
     return torch.stack(out) if out else x.new_zeros(0, D)
 
 
+def op(x, w, b, starts, halo):
+    """The op on one weight (and bias), as the lists it takes."""
+    return short_conv_op(x, [w], [] if b is None else [b], starts, halo)
+
+
 def case(T=23, D=5, W=4, starts=(0, 2, 3, 9, 23), halo=True, bias=True, dtype=torch.float64, seed=0):
     gen = torch.Generator().manual_seed(seed)
     make = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)  # noqa: E731
@@ -44,13 +49,13 @@ def case(T=23, D=5, W=4, starts=(0, 2, 3, 9, 23), halo=True, bias=True, dtype=to
 @pytest.mark.parametrize("bias", [True, False])
 def test_op_matches_token_loop_and_gradcheck(halo, bias):
     x, w, b, starts, h = case(halo=halo, bias=bias)
-    y = short_conv_op(x, w, b, starts, h)
+    y = op(x, w, b, starts, h)
     assert (y - loop_conv(x, w, b, starts, h)).abs().max() < 1e-12
     leaves = [t.requires_grad_() for t in (x, w, b, h) if t is not None]
 
     def f(*args):
         it = iter(args)
-        return short_conv_op(next(it), next(it), next(it) if bias else None, starts, next(it) if halo else None)
+        return op(next(it), next(it), next(it) if bias else None, starts, next(it) if halo else None)
 
     assert torch.autograd.gradcheck(f, leaves)
     # the gradients are those of the loop too
@@ -62,11 +67,11 @@ def test_op_matches_token_loop_and_gradcheck(halo, bias):
 
 def test_a_document_never_reads_an_earlier_one():
     x, w, b, starts, h = case(T=12, starts=(0, 5))
-    y = short_conv_op(x, w, b, starts, h)
+    y = op(x, w, b, starts, h)
     x2 = x.clone()
     x2[:5] = 1e6  # the first document (and the halo's) change; the second must not
     h2 = h * 1e6
-    assert torch.equal(short_conv_op(x2, w, b, starts, h2)[5:], y[5:])
+    assert torch.equal(op(x2, w, b, starts, h2)[5:], y[5:])
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
@@ -105,7 +110,7 @@ def test_op_on_triton_programs_matches_torch_programs():
     for backend in ("torch", "triton"):
         with use_programs("cpu", backend):
             leaves = [t.detach().clone().requires_grad_() for t in leaves]
-            y = short_conv_op(leaves[0], leaves[1], leaves[2], starts, leaves[3])
+            y = op(leaves[0], leaves[1], leaves[2], starts, leaves[3])
             outs.append([y, *torch.autograd.grad(y.square().sum(), leaves)])
     for ours, twin in zip(outs[1], outs[0]):
         assert (ours - twin).abs().max() < 1e-4 * twin.abs().max()
@@ -113,8 +118,23 @@ def test_op_on_triton_programs_matches_torch_programs():
 
 def test_opcheck():
     x, w, b, starts, h = case(T=9, D=3, dtype=torch.float32)
-    torch.library.opcheck(short_conv_op, (x.requires_grad_(), w.requires_grad_(), b, starts, h))
-    torch.library.opcheck(short_conv_bwd_op, (torch.randn(9, 3), x.detach(), w.detach(), b, starts, h))
+    w1, w2 = w[:1].clone().requires_grad_(), w[1:].clone().requires_grad_()
+    torch.library.opcheck(short_conv_op, (x.requires_grad_(), [w1, w2], [b[:1], b[1:]], starts, h))
+    torch.library.opcheck(short_conv_op, (x, [w1, w2], [], starts, None))
+    torch.library.opcheck(short_conv_bwd_op, (torch.randn(9, 3), x.detach(), [w.detach()], [b], starts, h))
+
+
+def test_split_parameters_equal_one_joined_weight():
+    """Weights and biases given per part (the layer's q, k, v) compute what one
+    joined weight does, and their gradients are its gradient's parts."""
+    x, w, b, starts, h = case(D=6)
+    parts = [t.clone().requires_grad_() for t in (w[:2], w[2:], b[:2], b[2:])]
+    y = short_conv_op(x, parts[:2], parts[2:], starts, h)
+    assert torch.equal(y, op(x, w, b, starts, h))
+    grads = torch.autograd.grad(y.square().sum(), parts)
+    joined = [t.requires_grad_() for t in (w, b)]
+    dw, db = torch.autograd.grad(op(x, *joined, starts, h).square().sum(), joined)
+    assert torch.equal(torch.cat(grads[:2]), dw) and torch.equal(torch.cat(grads[2:]), db)
 
 
 def test_batched_rows_are_separate_documents():
@@ -127,7 +147,7 @@ def test_batched_rows_are_separate_documents():
 
 def test_bad_shapes():
     x = torch.randn(1, 8, 4)
-    with pytest.raises(ValueError, match=r"weight \[D, W\]"):
+    with pytest.raises(ValueError, match=r"sum D_i = D = 4"):
         short_conv(x, torch.randn(5, 1, 4), None)
     with pytest.raises(ValueError, match=r"bias must have shape \[D\] = \[4\]"):
         short_conv(x, torch.randn(4, 1, 4), torch.randn(3))

@@ -1,5 +1,5 @@
 """Fake kernels of ``gdn_kcp::fwd`` / ``gdn_kcp::bwd``: every saved tensor they
-return comes from ``gdn_saved_layout_kcp``; outputs take the shapes of the
+return comes from ``kernel_saved_layout``; outputs take the shapes of the
 inputs they answer (o like v, gradients like their inputs). With these,
 torch.compile, CUDA graphs and FakeTensor memory tracing see exactly the
 tensors the real kernels return, and the workspace the caller allocated from
@@ -12,7 +12,7 @@ import torch
 from gdn_kcp.context import context_from_meta
 from gdn_kcp.ops import library
 from gdn_kcp.options import options_from_str
-from gdn_kcp.queries.layout import gdn_saved_layout_kcp
+from gdn_kcp.queries.layout import kernel_saved_layout
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.queries.shapes import SAVED_NAMES
 
@@ -22,7 +22,7 @@ def _fwd_fake(q, k, v, g, beta, initial_state, workspace, chunk_table, frag_tabl
               scale, n_final_states):
     ctx = context_from_meta(list(meta), chunk_table, frag_table, "")
     HV, K, V = v.shape[1], q.shape[2], v.shape[2]
-    saved_layout = gdn_saved_layout_kcp(ctx, q.shape[1], HV, K, V, dtype=q.dtype, options=options_from_str(options))
+    saved_layout = kernel_saved_layout(ctx, q.shape[1], HV, K, V, dtype=q.dtype, options=options_from_str(options))
     cdt = compute_dtype(q.dtype)
     saved = tuple(
         q.new_empty(saved_layout[name].shape, dtype=saved_layout[name].dtype) if name in saved_layout

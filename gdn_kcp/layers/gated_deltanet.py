@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
+from gdn_kcp.options import OptionsKcp
 from gdn_kcp.workspace import WorkspaceKcp
 
 from .halo import conv_halo
@@ -135,6 +136,7 @@ class GatedDeltaNet(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         kcp_context: KcpContext | None = None,
         workspace: WorkspaceKcp | None = None,
+        kcp_options: OptionsKcp | None = None,
     ) -> tuple[torch.Tensor, None, object]:
         """``hidden_states`` ``[B, T, hidden_size]``; ``cu_seqlens`` ``[N + 1]``
         packs B = 1 rows of N documents. With ``kcp_context`` (a
@@ -146,7 +148,10 @@ class GatedDeltaNet(nn.Module):
         ``workspace``: a held :class:`~gdn_kcp.WorkspaceKcp` for that call
         (made for the context's caps, this layer's heads and dims,
         ``use_qk_l2norm=True``), so a training loop allocates one per layer.
-        Returns FLA's ``(o, None, past_key_values)``."""
+        ``kcp_options``: the :class:`~gdn_kcp.OptionsKcp` of that call (default
+        ``OptionsKcp(use_qk_l2norm=True, with_conv=True, conv_size=conv_size)``,
+        the options whose byte queries count this layer's halo; see
+        :meth:`kcp_options`). Returns FLA's ``(o, None, past_key_values)``."""
         if use_cache or past_key_values is not None:
             raise ValueError("GatedDeltaNet computes training-mode math: decode caches (use_cache=True, "
                              "past_key_values) are not supported")
@@ -176,16 +181,31 @@ class GatedDeltaNet(nn.Module):
         if kcp_context is None:
             o, _ = chunk_gated_delta_rule(*heads, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gates)
         else:
-            o = gdn_kcp(*heads, kcp_context, use_qk_l2norm=True, workspace=workspace, **gates)
+            o = gdn_kcp(*heads, kcp_context, options=self.kcp_options(kcp_options), workspace=workspace, **gates)
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
 
-    def _conv_params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The weights (``[D, 1, W]``) and biases of the q, k and v convolutions as one."""
+    def kcp_options(self, options: OptionsKcp | None = None) -> OptionsKcp:
+        """The options of this layer's ``gdn_kcp`` call: ``options`` checked
+        against the layer (the q/k L2 norm on; with ``with_conv``, this
+        ``conv_size``), or the default. Pass the same to the byte queries and
+        to a held ``WorkspaceKcp``."""
+        if options is None:
+            return OptionsKcp(use_qk_l2norm=True, with_conv=self.use_short_conv, conv_size=self.conv_size)
+        if not isinstance(options, OptionsKcp):
+            raise TypeError(f"kcp_options must be an OptionsKcp or None, got {type(options).__name__}")
+        if not options.use_qk_l2norm:
+            raise ValueError("kcp_options.use_qk_l2norm must be True: the layer L2-normalises q and k in the kernel")
+        if options.with_conv and (not self.use_short_conv or options.conv_size != self.conv_size):
+            raise ValueError(f"kcp_options.with_conv=True with conv_size={options.conv_size} does not describe this "
+                             f"layer (use_short_conv={self.use_short_conv}, conv_size={self.conv_size})")
+        return options
+
+    def _conv_params(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """The weights and biases of the q, k and v convolutions, in that order."""
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        bias = torch.cat([conv.bias for conv in convs]) if self.conv_bias else None
-        return torch.cat([conv.weight for conv in convs]), bias
+        return [conv.weight for conv in convs], [conv.bias for conv in convs] if self.conv_bias else None
 
     def _conv_kcp(self, qkv: torch.Tensor, ctx: KcpContext) -> torch.Tensor:
         """The convolution of this rank's rows (B = 1) with the halo of one exchange

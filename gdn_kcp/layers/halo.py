@@ -19,6 +19,7 @@ from torch import Tensor
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.exchange.counting import count
+from gdn_kcp.queries.comm import halo_comm_bytes, halo_rounds  # noqa: F401  (halo_comm_bytes: re-exported)
 from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, crosses, last_real_fragment
 
 
@@ -78,21 +79,6 @@ def _shift_setup(ctx, inputs, output):
 halo_shift.register_autograd(_shift_backward, setup_context=_shift_setup)
 
 
-def halo_rounds(ranges: tuple[tuple[int, int], ...], rows: int) -> int:
-    """Rounds of :func:`halo_shift` after which every rank holds the ``rows``
-    tokens before its range: the longest run of earlier ranks it must reach
-    back over to find them (0 on one rank)."""
-    rounds = 0
-    for r in range(1, len(ranges)):
-        have, back = 0, 0
-        while r - back > 0 and have < rows:
-            back += 1
-            start, end = ranges[r - back]
-            have += end - start
-        rounds = max(rounds, back)
-    return rounds
-
-
 def conv_halo(y: Tensor, ctx: KcpContext, rows: int) -> Tensor:
     """``[rows, D]``: the ``rows`` conv inputs before this rank's range ``y``
     ``[T_r, D]`` that lie in its crossing-in document (zeros elsewhere).
@@ -120,19 +106,3 @@ def conv_halo(y: Tensor, ctx: KcpContext, rows: int) -> Tensor:
         tail = torch.cat([halo * middle.to(y.dtype), y * outgoing])[-rows:]
         halo = halo_shift(tail, ctx.group_name, ctx.R, ctx.rank)
     return halo * crosses(flags[:1], CROSSING_IN).to(y.dtype)
-
-
-def halo_comm_bytes(ctx: KcpContext, D: int, conv_size: int, dtype: torch.dtype) -> dict[str, dict[str, int]]:
-    """Bytes this rank sends and receives in the halo exchanges of one layer
-    call over ``D`` channels of ``dtype``: ``"halo"`` (forward) and
-    ``"halo_grad"`` (backward), as :func:`~gdn_kcp.record_comm_bytes` counts
-    them. A function of the caps only: every round moves ``[conv_size - 1, D]``
-    to the next rank, whatever the packing."""
-    rows = conv_size - 1
-    rounds = halo_rounds(ctx.rank_ranges, rows) if ctx.R > 1 and rows > 0 else 0
-    tile = rows * D * torch.empty((), dtype=dtype).element_size()
-    has_next, has_prev = int(ctx.rank + 1 < ctx.R), int(ctx.rank > 0)
-    return {
-        "halo": {"send": rounds * has_next * tile, "recv": rounds * has_prev * tile},
-        "halo_grad": {"send": rounds * has_prev * tile, "recv": rounds * has_next * tile},
-    }

@@ -32,21 +32,30 @@ def _programs(x: Tensor):
     return programs_for(x.device)
 
 
+def _joined(parts: list[Tensor]) -> Tensor | None:
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
+
+
 @torch.library.custom_op("gdn_kcp::short_conv", mutates_args=(), device_types=DEVICES)
-def short_conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], doc_starts: Tensor,
+def short_conv_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], doc_starts: Tensor,
                   halo: Optional[Tensor]) -> Tensor:
-    """x ``[T, D]``; weight ``[D, W]``; bias ``[D]`` or None; doc_starts ``[n]``
-    (sorted local document starts, the first 0); halo ``[W - 1, D]`` or None."""
+    """x ``[T, D]``; weights ``[D_i, W]`` with ``sum D_i = D`` (the q, k and v
+    convolutions' own parameters, joined inside the op so the backward keeps
+    them and no copy); biases ``[D_i]`` (or none); doc_starts ``[n]`` (sorted
+    local document starts, the first 0); halo ``[W - 1, D]`` or None."""
     y = torch.empty_like(x)
+    weight = _joined(weights)
     reach = conv_reach(doc_starts, x.shape[0], weight.shape[1], 0 if halo is None else halo.shape[0])
-    _programs(x).short_conv_fwd(x, weight, bias, reach, halo, y_out=y)
+    _programs(x).short_conv_fwd(x, weight, _joined(biases), reach, halo, y_out=y)
     return y
 
 
 @torch.library.custom_op("gdn_kcp::short_conv_bwd", mutates_args=(), device_types=DEVICES)
-def short_conv_bwd_op(dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], doc_starts: Tensor,
+def short_conv_bwd_op(dy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor], doc_starts: Tensor,
                       halo: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dx, dweight, dbias, dhalo)``; dbias / dhalo are empty when bias / halo are None."""
+    """``(dx, dweight [D, W], dbias [D], dhalo)``; dbias / dhalo are empty
+    without biases / halo."""
+    weight, bias = _joined(weights), _joined(biases)
     dx, dweight = torch.empty_like(x), torch.empty_like(weight)
     dbias = torch.empty_like(bias) if bias is not None else x.new_empty(0)
     dhalo = torch.empty_like(halo) if halo is not None else x.new_empty(0)
@@ -58,56 +67,59 @@ def short_conv_bwd_op(dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tens
 
 
 @short_conv_op.register_fake
-def _(x, weight, bias, doc_starts, halo):
+def _(x, weights, biases, doc_starts, halo):
     return torch.empty_like(x)
 
 
 @short_conv_bwd_op.register_fake
-def _(dy, x, weight, bias, doc_starts, halo):
-    return (torch.empty_like(x), torch.empty_like(weight),
-            torch.empty_like(bias) if bias is not None else x.new_empty(0),
+def _(dy, x, weights, biases, doc_starts, halo):
+    D, W = x.shape[1], weights[0].shape[1]
+    return (torch.empty_like(x), weights[0].new_empty(D, W), biases[0].new_empty(D) if biases else x.new_empty(0),
             torch.empty_like(halo) if halo is not None else x.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    x, weight, bias, doc_starts, halo = inputs
-    ctx.save_for_backward(x, weight, bias, doc_starts, halo)
+    x, weights, biases, doc_starts, halo = inputs
+    ctx.sizes, ctx.n_biases = [w.shape[0] for w in weights], len(biases)
+    ctx.save_for_backward(x, doc_starts, halo, *weights, *biases)
 
 
 def _backward(ctx, dy):
-    x, weight, bias, doc_starts, halo = ctx.saved_tensors
-    dx, dweight, dbias, dhalo = short_conv_bwd_op(dy, x, weight, bias, doc_starts, halo)
-    return dx, dweight, dbias if bias is not None else None, None, dhalo if halo is not None else None
+    x, doc_starts, halo, *params = ctx.saved_tensors
+    weights, biases = params[: len(ctx.sizes)], params[len(ctx.sizes):]
+    dx, dweight, dbias, dhalo = short_conv_bwd_op(dy, x, weights, biases, doc_starts, halo)
+    return (dx, list(dweight.split(ctx.sizes)), list(dbias.split(ctx.sizes)) if ctx.n_biases else [], None,
+            dhalo if halo is not None else None)
 
 
 short_conv_op.register_autograd(_backward, setup_context=_setup)
 
 
-def check_conv_inputs(x: Tensor, weight: Tensor, bias: Tensor | None, halo: Tensor | None) -> None:
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
-        raise ValueError(f"short_conv wants x [T, D] and weight [D, W], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    if bias is not None and tuple(bias.shape) != (x.shape[1],):
-        raise ValueError(f"bias must have shape [D] = [{x.shape[1]}], got {tuple(bias.shape)}")
-    if halo is not None and tuple(halo.shape) != (weight.shape[1] - 1, x.shape[1]):
-        raise ValueError(f"halo must have shape [W - 1, D] = [{weight.shape[1] - 1}, {x.shape[1]}], "
-                         f"got {tuple(halo.shape)}")
-
-
-def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None, doc_starts: Tensor | None = None,
-               halo: Tensor | None = None) -> Tensor:
-    """``x`` ``[B, T, D]``; ``weight`` ``[D, 1, W]`` or ``[D, W]``; ``bias`` ``[D]``
-    or None; ``doc_starts`` the starts of the packed row's documents (B = 1;
-    ``cu_seqlens[:-1]`` will do) or None (each row one document); ``halo``
-    ``[W - 1, D]`` rows before the first token, read by the first document."""
+def short_conv(x: Tensor, weight: Tensor | list[Tensor], bias: Tensor | list[Tensor] | None,
+               doc_starts: Tensor | None = None, halo: Tensor | None = None) -> Tensor:
+    """``x`` ``[B, T, D]``; ``weight`` ``[D, 1, W]`` (or a list of such, ``D_i``
+    channels each, in the order of x's channels); ``bias`` ``[D]`` (a list
+    alike) or None; ``doc_starts`` the starts of the packed row's documents
+    (B = 1; ``cu_seqlens[:-1]`` will do) or None (each row one document);
+    ``halo`` ``[W - 1, D]`` rows before the first token, read by the first document."""
     B, T, D = x.shape
-    w = weight.reshape(weight.shape[0], weight.shape[-1])
+    weights = [w.reshape(w.shape[0], w.shape[-1]) for w in (weight if isinstance(weight, (list, tuple)) else [weight])]
+    biases = [] if bias is None else list(bias) if isinstance(bias, (list, tuple)) else [bias]
+    W = weights[0].shape[1]
+    if sum(w.shape[0] for w in weights) != D or any(w.shape[1] != W for w in weights):
+        raise ValueError(f"short_conv wants weights [D_i, 1, W] with sum D_i = D = {D} and one W, got "
+                         f"{[tuple(w.shape) for w in weights]}")
+    if biases and [b.shape for b in biases] != [(w.shape[0],) for w in weights]:
+        raise ValueError(f"bias must have shape [D] = [{D}] (one [D_i] per weight), got "
+                         f"{[tuple(b.shape) for b in biases]}")
+    if halo is not None and tuple(halo.shape) != (W - 1, D):
+        raise ValueError(f"halo must have shape [W - 1, D] = [{W - 1}, {D}], got {tuple(halo.shape)}")
     if doc_starts is None:
         doc_starts = torch.arange(0, B * T, max(T, 1), device=x.device)
     elif B != 1:
         raise ValueError(f"doc_starts packs one row: hidden states must have B = 1, got B = {B}")
-    rows = x.reshape(B * T, D)
-    check_conv_inputs(rows, w, bias, halo)
-    y = short_conv_op(rows.contiguous(), w.contiguous(), bias, doc_starts, None if halo is None else halo.contiguous())
+    y = short_conv_op(x.reshape(B * T, D).contiguous(), [w.contiguous() for w in weights], biases, doc_starts,
+                      None if halo is None else halo.contiguous())
     return y.view(B, T, D)
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from gdn_kcp.context import context_from_meta
 from gdn_kcp.host import Buffers, Call, host_backward, host_forward
 from gdn_kcp.options import options_from_str
-from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
+from gdn_kcp.queries.layout import kernel_saved_layout, gdn_workspace_layout_kcp
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.queries.shapes import SAVED_NAMES
 from gdn_kcp.workspace import Arena
@@ -40,7 +40,7 @@ def op_setup(q: Tensor, v: Tensor, workspace: Tensor, chunk_table, frag_table, m
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
     call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale)
     shapes = (q.shape[1], call.HV, call.K, call.V)
-    saved_layout = gdn_saved_layout_kcp(ctx, *shapes, dtype=q.dtype, options=call.options)
+    saved_layout = kernel_saved_layout(ctx, *shapes, dtype=q.dtype, options=call.options)
     layout = gdn_workspace_layout_kcp(ctx, *shapes, dtype=q.dtype, options=call.options)
     arena = Arena(workspace, getattr(layout, which), graph=call.options.graph == "replay")
     return call, saved_layout, Buffers(arena, saved_layout, q.device, saving=which == "fwd")

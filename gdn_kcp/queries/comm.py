@@ -69,6 +69,44 @@ def ring_elements(ctx: KcpContext, collective: str, HV: int, K: int, V: int, *, 
     return 0, 0
 
 
+def conv_channels(H_qk: int, HV: int, K: int, V: int) -> int:
+    """Channels of the layer's one short convolution over q, k and v."""
+    return 2 * H_qk * K + HV * V
+
+
+def halo_rounds(ranges: tuple[tuple[int, int], ...], rows: int) -> int:
+    """Rounds of the halo exchange after which every rank holds the ``rows``
+    tokens before its range: the longest run of earlier ranks it must reach
+    back over to find them (0 on one rank)."""
+    rounds = 0
+    for r in range(1, len(ranges)):
+        have, back = 0, 0
+        while r - back > 0 and have < rows:
+            back += 1
+            start, end = ranges[r - back]
+            have += end - start
+        rounds = max(rounds, back)
+    return rounds
+
+
+def halo_comm_bytes(ctx: KcpContext, D: int, conv_size: int, dtype: torch.dtype,
+                    rank: int | None = None) -> dict[str, dict[str, int]]:
+    """Bytes ``rank`` sends and receives in the halo exchanges of one layer
+    call over ``D`` channels of ``dtype``: ``"halo"`` (forward) and
+    ``"halo_grad"`` (backward), as :func:`~gdn_kcp.record_comm_bytes` counts
+    them. A function of the caps only: every round moves ``[conv_size - 1, D]``
+    to the next rank, whatever the packing."""
+    me = ctx.rank if rank is None else rank
+    rows = conv_size - 1
+    rounds = halo_rounds(ctx.rank_ranges, rows) if ctx.R > 1 and rows > 0 else 0
+    tile = rows * D * dtype.itemsize
+    has_next, has_prev = int(me + 1 < ctx.R), int(me > 0)
+    return {
+        "halo": {"send": rounds * has_next * tile, "recv": rounds * has_prev * tile},
+        "halo_grad": {"send": rounds * has_prev * tile, "recv": rounds * has_next * tile},
+    }
+
+
 def gdn_comm_bytes_kcp(
     ctx: KcpContext,
     HV: int,
@@ -79,10 +117,12 @@ def gdn_comm_bytes_kcp(
     options: OptionsKcp | None = None,
     exchange: str | None = None,
     rank: int | None = None,
+    H_qk: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """Bytes ``rank`` (default: this rank) hands to torch.distributed per
     collective of one forward and backward: ``{"c1": {"send": .., "recv": ..},
-    "c2": .., "b1": .., "b2": ..}``. ``send`` is the size of the tensors it
+    "c2": .., "b1": .., "b2": ..}``, and with ``options.with_conv`` the
+    layer's ``"halo"`` and ``"halo_grad"`` (input dtype; they need ``H_qk``). ``send`` is the size of the tensors it
     sends (its own owner slice included under a2a), ``recv`` of those it
     receives; a backward that replays the boundary runs c1/c2 a second time
     and they count twice. ``dtype`` is the input dtype; ``exchange`` is a
@@ -106,6 +146,11 @@ def gdn_comm_bytes_kcp(
             send, recv = sum(sends), sum(recvs)
         runs = 2 if name in ("c1", "c2") and save_plan(options).replays_boundary else 1
         out[name] = {"send": runs * send * size, "recv": runs * recv * size}
+    if options.with_conv:
+        if isinstance(H_qk, bool) or not isinstance(H_qk, int) or H_qk < 1:
+            raise ValueError(f"options.with_conv=True counts the halo of 2 H_qk K + HV V channels: pass H_qk "
+                             f"(a positive int), got H_qk={H_qk!r}")
+        out.update(halo_comm_bytes(ctx, conv_channels(H_qk, HV, K, V), options.conv_size, dtype, rank))
     return out
 
 

@@ -19,7 +19,7 @@ from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.options import OptionsKcp
 
 from .schedule import backward_events, forward_events
-from .shapes import Dims, numel, pool_shapes, saved_shapes
+from .shapes import Dims, conv_halo_shape, numel, pool_shapes, saved_shapes
 
 ALIGN = 256
 """Pool offsets are multiples of 256 bytes: every pool starts on a boundary
@@ -296,7 +296,19 @@ def gdn_saved_layout_kcp(
     options: OptionsKcp | None = None,
 ) -> dict[str, SavedSpec]:
     """Every tensor the forward keeps for the backward besides its inputs:
-    name -> shape, dtype, bytes (exact, no alignment)."""
+    name -> shape, dtype, bytes (exact, no alignment). With
+    ``options.with_conv`` it ends with ``conv_halo`` (input dtype), which the
+    layer's short convolution keeps rather than the ``gdn_kcp`` call."""
+    saved = kernel_saved_layout(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
+    halo = conv_halo_shape(ctx, H_qk, HV, K, V, options)
+    if halo is not None:
+        saved["conv_halo"] = SavedSpec(shape=halo, dtype=dtype, nbytes=numel(halo) * dtype.itemsize)
+    return saved
+
+
+def kernel_saved_layout(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=None) -> dict[str, SavedSpec]:
+    """What the ``gdn_kcp`` call itself keeps: :func:`gdn_saved_layout_kcp`
+    without the layer's ``conv_halo``."""
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
     element = torch.empty((), dtype=d.dtype).element_size()
     return {

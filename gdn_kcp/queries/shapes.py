@@ -16,7 +16,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.kernels import CHUNK_SIZE
 from gdn_kcp.options import OptionsKcp, save_plan
 
-from .comm import a2a_split_elements
+from .comm import a2a_split_elements, conv_channels
 
 TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd", "h")
 """The forward tapes; save_mode="full" saves them, "light" recomputes them."""
@@ -24,6 +24,15 @@ TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd", "h")
 SAVED_NAMES = (*TAPES, "s_in", "m", "owner_m")
 """Every tensor a forward may save, in the order the forward op returns them
 (the ones an option set does not save come back empty)."""
+
+
+def conv_halo_shape(ctx: KcpContext, H_qk: int, HV: int, K: int, V: int,
+                    options: OptionsKcp | None) -> tuple[int, int] | None:
+    """``(conv_size - 1, 2 H_qk K + HV V)``: the halo rows the layer's short
+    convolution keeps (``options.with_conv``, on more than one rank), else None."""
+    if options is None or not options.with_conv or ctx.R == 1 or options.conv_size == 1:
+        return None
+    return options.conv_size - 1, conv_channels(H_qk, HV, K, V)
 
 
 def norm_tapes(options: OptionsKcp) -> tuple[str, ...]:
