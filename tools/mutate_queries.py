@@ -36,6 +36,7 @@ TESTS = [
     "tests/test_workspace_reuse.py",
     "tests/test_workspace_arena.py",
     "tests/test_kcp_multirank.py",
+    "tests/test_layer_kcp.py",
 ]
 
 
@@ -170,7 +171,9 @@ def all_mutants() -> list[Mutant]:
         *statement_mutants(shapes, "saved_shapes", "saved"),
         *binop_mutants(shapes, {"pool_shapes", "saved_shapes"}),
         *event_mutants(schedule),
-        *binop_mutants(comm, {"_payload", "ring_elements"}),
+        *binop_mutants(comm, {"_payload", "ring_elements", "conv_channels", "halo_rounds", "halo_comm_bytes"}),
+        *binop_mutants(shapes, {"conv_halo_shape"}),
+        *binop_mutants(layout, {"gdn_saved_layout_kcp"}),
         *constant_mutants(comm, set(), None),
         *constant_mutants(layout, {"ALIGN"}, 128),
         *binop_mutants(layout, {"gdn_state_layout_kcp"}),
