@@ -4,7 +4,8 @@ test to fail.
     python tools/mutate_queries.py [--list] [--only SUBSTRING] [--timeout 300]
 
 Terms: every pool and saved-tensor shape (doubled), every sum and product in
-the size and payload formulas (one side dropped), every bind and release of the
+the size and payload formulas and in the layer's halo terms (one side
+dropped; those run the layer's KCP tests), every bind and release of the
 modelled schedule (dropped, one name at a time), the replayed-boundary count of
 c1/c2, and the arena alignment. Each mutant is written over the source file,
 the query and arena tests run against it (stopping at the first failure), and
@@ -36,8 +37,9 @@ TESTS = [
     "tests/test_workspace_reuse.py",
     "tests/test_workspace_arena.py",
     "tests/test_kcp_multirank.py",
-    "tests/test_layer_kcp.py",
 ]
+LAYER_TESTS = ["tests/test_layer_kcp.py"]
+"""What kills the mutants of the layer's halo terms (with_conv): the layer on 1 to 4 ranks."""
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Mutant:
     node_index: int  # position of the node in ast.walk order
     what: str
     apply: callable  # (tree, node) -> None, edits the tree in place
+    tests: tuple[str, ...] = ()  # the test files to run (default: TESTS)
 
     def source(self) -> str:
         tree = ast.parse(self.path.read_text())
@@ -96,7 +99,7 @@ def shape_mutants(path: Path, function: str, target: str) -> list[Mutant]:
     return out
 
 
-def binop_mutants(path: Path, functions: set[str]) -> list[Mutant]:
+def binop_mutants(path: Path, functions: set[str], tests: tuple[str, ...] = ()) -> list[Mutant]:
     """Every ``a + b`` / ``a * b`` inside ``functions``: replaced by each side."""
     out = []
     nodes = list(ast.walk(ast.parse(path.read_text())))
@@ -110,7 +113,7 @@ def binop_mutants(path: Path, functions: set[str]) -> list[Mutant]:
                 def apply(tree, n, side=side):
                     _replace(tree, n, getattr(n, side))
                 out.append(Mutant(path, i, f"{_line(path, node)} {ast.unparse(node)} -> {ast.unparse(getattr(node, side))}",
-                                  apply))
+                                  apply, tests))
     return out
 
 
@@ -171,20 +174,20 @@ def all_mutants() -> list[Mutant]:
         *statement_mutants(shapes, "saved_shapes", "saved"),
         *binop_mutants(shapes, {"pool_shapes", "saved_shapes"}),
         *event_mutants(schedule),
-        *binop_mutants(comm, {"_payload", "ring_elements", "conv_channels", "halo_rounds", "halo_comm_bytes"}),
-        *binop_mutants(shapes, {"conv_halo_shape"}),
-        *binop_mutants(layout, {"gdn_saved_layout_kcp"}),
+        *binop_mutants(comm, {"_payload", "ring_elements"}),
+        *binop_mutants(comm, {"conv_channels", "halo_rounds", "halo_comm_bytes"}, tests=LAYER_TESTS),
+        *binop_mutants(layout, {"gdn_saved_layout_kcp"}, tests=LAYER_TESTS),
         *constant_mutants(comm, set(), None),
         *constant_mutants(layout, {"ALIGN"}, 128),
         *binop_mutants(layout, {"gdn_state_layout_kcp"}),
     ]
 
 
-def run_tests(timeout: int) -> tuple[bool, str]:
+def run_tests(timeout: int, tests: tuple[str, ...] = ()) -> tuple[bool, str]:
     for cache in QUERIES.glob("__pycache__"):
         shutil.rmtree(cache)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TESTS]
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(tests or TESTS)]
     try:
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -234,7 +237,7 @@ def run_mutants(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         try:
             mutant.path.write_text(mutant.source())
-            passed, summary = run_tests(args.timeout)
+            passed, summary = run_tests(args.timeout, mutant.tests)
         finally:
             mutant.path.write_text(original)
         verdict = "SURVIVED" if passed else "killed"
