@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gdn_kcp.context import capped_context, context_from_split
-from gdn_kcp.gates import apply_gate_keywords
+from gdn_kcp.gates import gate_keywords
 from gdn_kcp.ops import apply_gdn
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_flag, check_gdn_inputs
@@ -70,9 +70,8 @@ def chunk_gated_delta_rule(
         o, s = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
                                       cu_seqlens=torch.tensor([0, 30, 100]))
     """
-    g, beta = apply_gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
-                                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                                  allow_neg_eigval=allow_neg_eigval)
+    gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
     dims, bounds = check_gdn_inputs(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens
     )
@@ -90,6 +89,6 @@ def chunk_gated_delta_rule(
         g.reshape(BT, dims.HV),
         beta.reshape(BT, dims.HV),
         initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel),
-        float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None,
+        float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None, gate,
     )
     return o.view(dims.B, dims.T, dims.HV, dims.V), final_state if output_final_state else None

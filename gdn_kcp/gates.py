@@ -4,16 +4,20 @@
     use_beta_sigmoid_in_kernel=True:  beta = sigmoid(beta_raw)
     allow_neg_eigval=True:            beta = 2 * beta   (eigenvalues of I - beta k k^T in [-1, 1])
 
-Both are computed in fp32 (fp64 for fp64 inputs) by torch ops ahead of the
-programs, so autograd carries the gradients to A_log, dt_bias and the raw
-inputs. (Fusing them into the prep program, so no [T, HV] gate is written,
-is still to do.)
+Every program computes them as it loads g and beta (in the compute dtype), so
+no gate or beta tensor is written: the ops take the raw inputs, ``[2, HV]``
+gate parameters (``-exp(A_log)``, ``dt_bias``) and the beta mode. The
+backward returns the raw inputs' gradients; the gate parameters' gradient
+comes from ``[T, HV]`` torch reductions in the backward
+(:func:`gdn_kcp.host.backward.gate_input_grads`), and autograd carries it to
+A_log and dt_bias.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from torch.nn import functional as F
 
 from gdn_kcp.validate import check_float_dtype, check_flag, check_tensor
 
@@ -27,10 +31,32 @@ def check_head_vector(name: str, x: object, HV: int, device: torch.device) -> No
         raise ValueError(f"{name} is on {x.device}, q on {device}")
 
 
-def apply_gate_keywords(g, beta, *, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval):
-    """``(g, beta)`` after the keywords (unchanged when none is set). ``g`` and
-    ``beta`` are ``[..., HV]`` tensors (their own checks come later)."""
+@dataclass(frozen=True)
+class InKernelGate:
+    """The gate and beta the programs compute: A_log / dt_bias (or None) and the beta mode."""
+
+    A_log: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    beta_sigmoid: bool
+    beta_scale: float
+
+    def params(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """``[2, HV]`` in ``dtype``: ``-exp(A_log)`` and ``dt_bias`` (0 without
+        it), differentiable; None without the in-kernel gate."""
+        if self.A_log is None:
+            return None
+        rate = -self.A_log.to(dtype).exp()
+        return torch.stack([rate, torch.zeros_like(rate) if self.dt_bias is None else self.dt_bias.to(dtype)])
+
+    @property
+    def beta_mode(self) -> tuple[bool, float]:
+        return self.beta_sigmoid, self.beta_scale
+
+
+def gate_keywords(g, beta, *, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                  allow_neg_eigval) -> InKernelGate | None:
+    """The checked keywords as an :class:`InKernelGate` (None when none is set).
+    ``g`` and ``beta`` are ``[..., HV]`` tensors (their own checks come later)."""
     for name, flag in (("use_gate_in_kernel", use_gate_in_kernel),
                        ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
                        ("allow_neg_eigval", allow_neg_eigval)):
@@ -39,10 +65,11 @@ def apply_gate_keywords(g, beta, *, A_log, dt_bias, use_gate_in_kernel, use_beta
         for name, value in (("A_log", A_log), ("dt_bias", dt_bias)):
             if value is not None:
                 raise ValueError(f"{name} is only read with use_gate_in_kernel=True (g is then the raw gate input)")
-    if use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval:
-        for name, x in (("g", g), ("beta", beta)):
-            if not isinstance(x, torch.Tensor) or x.dim() == 0:
-                raise TypeError(f"{name} must be a torch.Tensor [B, T, HV], got {type(x).__name__}")
+    if not (use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval):
+        return None
+    for name, x in (("g", g), ("beta", beta)):
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise TypeError(f"{name} must be a torch.Tensor [B, T, HV], got {type(x).__name__}")
     if use_gate_in_kernel:
         if A_log is None:
             raise ValueError("use_gate_in_kernel=True needs A_log [HV]")
@@ -50,11 +77,5 @@ def apply_gate_keywords(g, beta, *, A_log, dt_bias, use_gate_in_kernel, use_beta
         check_head_vector("A_log", A_log, HV, g.device)
         if dt_bias is not None:
             check_head_vector("dt_bias", dt_bias, HV, g.device)
-        cdt = torch.promote_types(g.dtype, torch.float32)
-        raw = g.to(cdt) if dt_bias is None else g.to(cdt) + dt_bias.to(cdt)
-        g = -A_log.to(cdt).exp() * F.softplus(raw)
-    if use_beta_sigmoid_in_kernel:
-        beta = beta.to(torch.promote_types(beta.dtype, torch.float32)).sigmoid()
-    if allow_neg_eigval:
-        beta = beta * 2
-    return g, beta
+    return InKernelGate(A_log if use_gate_in_kernel else None, dt_bias if use_gate_in_kernel else None,
+                        use_beta_sigmoid_in_kernel, 2.0 if allow_neg_eigval else 1.0)

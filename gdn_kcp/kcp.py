@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from gdn_kcp.context import KcpContext
-from gdn_kcp.gates import apply_gate_keywords
+from gdn_kcp.gates import gate_keywords
 from gdn_kcp.ops import apply_gdn, check_workspace
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.rank_check import check_ranks_agree
@@ -102,9 +102,8 @@ def gdn_kcp(
         o = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
                     g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm=True)
     """
-    g, beta = apply_gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
-                                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                                  allow_neg_eigval=allow_neg_eigval)
+    gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
     first_workspace_call = isinstance(workspace, WorkspaceKcp) and not workspace.ranks_agreed
     check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm,
                       workspace=workspace, initial_state=initial_state, output_final_state=output_final_state,
@@ -122,7 +121,7 @@ def gdn_kcp(
         g.reshape(T, dims.HV),
         beta.reshape(T, dims.HV),
         initial_state, ctx, options, float(dims.K**-0.5 if scale is None else scale),
-        ctx.n_end_docs if output_final_state else 0, workspace,
+        ctx.n_end_docs if output_final_state else 0, workspace, gate,
     )
     o = o.view(1, T, dims.HV, dims.V)
     return (o, final_state) if output_final_state else o

@@ -27,14 +27,16 @@ def opcheck_both_ops(rank: int = 0, R: int = 1) -> None:
     q, k, v, g, beta = [x[0, start:end].float() for x in make_inputs(BOUNDS[-1], 1, 2, 16, 8, l2=True)]
     T = end - start
     shapes = (1, 2, 16, 8)
-    for options in OPTION_SETS:
+    # the in-kernel gate and beta (g, beta raw; [2, HV] gate parameters) on the first option set
+    gates = [(torch.tensor([[-0.5, -2.0], [0.3, -1.0]]), True, 2.0)] + [(None, False, 1.0)] * len(OPTION_SETS)
+    for options, gate in zip([OPTION_SETS[0], *OPTION_SETS], gates):
         meta = ctx.meta
         with_states = R == 1  # initial and final states: one rank holds every document
         state0 = torch.randn(ctx.n_docs, 2, 16, 8) if with_states else None
         ws = torch.empty(workspace_nbytes(tuple(meta), *shapes, torch.float32, options.op_arg, "fwd"),
                          dtype=torch.uint8)
         args = (q, k, v, g, beta, state0, ws, ctx.index.chunk_table, ctx.index.frag_table, meta, ctx.group_name,
-                options.op_arg, 0.25, ctx.n_docs if with_states else 0)
+                options.op_arg, 0.25, ctx.n_docs if with_states else 0, *gate)
         out = torch.ops.gdn_kcp.fwd(*args)
         torch.library.opcheck(torch.ops.gdn_kcp.fwd.default, args)
         ws = torch.empty(workspace_nbytes(tuple(meta), *shapes, torch.float32, options.op_arg, "bwd"),
@@ -42,7 +44,7 @@ def opcheck_both_ops(rank: int = 0, R: int = 1) -> None:
         d_final = torch.randn_like(out[1]) if with_states else None
         bargs = (torch.randn(T, 2, 8), d_final, q, k, v, g, beta, state0, list(out[2:]), ws,
                  ctx.index.chunk_table, ctx.index.frag_table, meta, ctx.group_name, options.op_arg, 0.25,
-                 with_states)
+                 with_states, *gate)
         torch.library.opcheck(torch.ops.gdn_kcp.bwd.default, bargs)
 
 

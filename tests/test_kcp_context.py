@@ -164,7 +164,8 @@ def test_ops_refuse_non_contiguous_inputs():
     wide = torch.zeros(40, 2, 16)[..., :8]  # every row strided by 32
     with pytest.raises(ValueError, match=r"v must be contiguous, got strides \(32, 16, 1\)"):
         torch.ops.gdn_kcp.fwd(q, k, wide, g, beta, None, torch.empty(1 << 20, dtype=torch.uint8),
-                              ctx.index.chunk_table, ctx.index.frag_table, ctx.meta, "", OptionsKcp().op_arg, 0.3, 0)
+                              ctx.index.chunk_table, ctx.index.frag_table, ctx.meta, "", OptionsKcp().op_arg, 0.3, 0,
+                              None, False, 1.0)
 
 
 def test_capped_index_holds_the_exact_index_then_sentinels():

@@ -19,7 +19,7 @@ from gdn_kcp.queries.shapes import SAVED_NAMES
 
 @library.fwd.register_fake
 def _fwd_fake(q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta, group_name, options,
-              scale, n_final_states):
+              scale, n_final_states, gate_params, beta_sigmoid, beta_scale):
     ctx = context_from_meta(list(meta), chunk_table, frag_table, "")
     HV, K, V = v.shape[1], q.shape[2], v.shape[2]
     saved_layout = kernel_saved_layout(ctx, q.shape[1], HV, K, V, dtype=q.dtype, options=options_from_str(options))
@@ -34,10 +34,11 @@ def _fwd_fake(q, k, v, g, beta, initial_state, workspace, chunk_table, frag_tabl
 
 @library.bwd.register_fake
 def _bwd_fake(do, d_final_state, q, k, v, g, beta, initial_state, saved, workspace, chunk_table, frag_table, meta,
-              group_name, options, scale, needs_d_initial):
+              group_name, options, scale, needs_d_initial, gate_params, beta_sigmoid, beta_scale):
     if needs_d_initial and initial_state is not None:
         d_initial = torch.empty_like(initial_state)
     else:
         d_initial = q.new_empty(0, dtype=compute_dtype(q.dtype))
+    d_gate = torch.empty_like(gate_params) if gate_params is not None else q.new_empty(0, dtype=compute_dtype(q.dtype))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            torch.empty_like(beta), d_initial)
+            torch.empty_like(beta), d_initial, d_gate)

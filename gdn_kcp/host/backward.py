@@ -24,6 +24,7 @@ class Grads:
     dg: torch.Tensor
     dbeta: torch.Tensor
     d_initial_state: torch.Tensor | None
+    d_gate_params: torch.Tensor | None = None
 
 
 def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
@@ -38,6 +39,7 @@ def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes
         call.programs.adjoint_summary(
             q, k, tapes.w, g, do, dv_local, call.index,
             scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, d_final_state=d_final_state, nu_out=nu,
+            **call.gate,
         )
     exchange = backward_a2a if call.options.exchange == "a2a" else backward_ring
     return exchange(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
@@ -89,7 +91,7 @@ def host_backward(
     qk_norms = dict(q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd)
     arena.phase("bwd.phase.local_dv")
     dv_new = arena.bind("dv_new")  # the local dv until the adjoint walk completes it
-    call.programs.bwd_local_dv(q, k, g, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms)
+    call.programs.bwd_local_dv(q, k, g, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms, **call.gate)
     lam = None
     if exchanges:
         own_m = summary[..., V:] if summary is not None else saved.get("m")
@@ -107,7 +109,7 @@ def host_backward(
         q, k, tapes.w, g, do, dv_new, call.index,
         scale=call.scale, d_final_state=d_final_state,
         lam_out=lam[:, :HV] if lam is not None and ctx.n_out else None,
-        dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, **qk_norms,
+        dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, **qk_norms, **call.gate,
     )
     if lam is not None:
         arena.release("lam")
@@ -117,7 +119,7 @@ def host_backward(
     dq_heads, dk_heads, dw, dgcum = (arena.bind(name) for name in ("dq_heads", "dk_heads", "dw", "dgcum"))
     call.programs.bwd_dqkwg(
         q, k, g, tapes.h, tapes.v_new, do, dh, dv_new, call.index,
-        scale=call.scale, dq_out=dq_heads, dk_out=dk_heads, dw_out=dw, dg_out=dgcum, **qk_norms,
+        scale=call.scale, dq_out=dq_heads, dk_out=dk_heads, dw_out=dw, dg_out=dgcum, **qk_norms, **call.gate,
     )
     arena.release("dh")
     buffers.drop("h", "v_new")
@@ -126,17 +128,33 @@ def host_backward(
     dv, dbeta = torch.empty_like(v), torch.empty_like(beta)
     call.programs.bwd_wy(
         k, v, beta, g, tapes.A, dw, dv_new, call.index,
-        k_rstd=tapes.k_rstd, dk_acc=dk_heads, dv_out=dv, dbeta_out=dbeta, dg_acc=dgcum,
+        k_rstd=tapes.k_rstd, dk_acc=dk_heads, dv_out=dv, dbeta_out=dbeta, dg_acc=dgcum, **call.gate, **call.beta,
     )
     arena.release("dw", "dv_new")
     buffers.drop("A")
 
     arena.phase("bwd.phase.grads")
-    dg = torch.empty_like(g)
-    call.programs.bwd_gate_cumsum(dgcum, call.index, dg_out=dg)
+    if call.gate_params is None:
+        dg, d_gate_params = torch.empty_like(g), None
+        call.programs.bwd_gate_cumsum(dgcum, call.index, dg_out=dg)
+    else:
+        dgate = torch.empty_like(g, dtype=call.gate_params.dtype)
+        call.programs.bwd_gate_cumsum(dgcum, call.index, dg_out=dgate)
+        dg, d_gate_params = gate_input_grads(g, call.gate_params, dgate)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     call.programs.bwd_qk_norm(dq_heads, dk_heads, q, k, dq_out=dq, dk_out=dk, **qk_norms)
     arena.release("dgcum", "dq_heads", "dk_heads")
     buffers.drop(*call.norms)
     arena.close()
-    return Grads(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, d_initial_state=d_initial_state)
+    return Grads(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, d_initial_state=d_initial_state,
+                 d_gate_params=d_gate_params)
+
+
+def gate_input_grads(a: torch.Tensor, gate_params: torch.Tensor, dgate: torch.Tensor):
+    """The chain rule of ``gate = rate * softplus(a + bias)`` (``gate_params`` =
+    ``[rate, bias]`` ``[2, HV]``) from ``dgate`` ``[T, HV]``: ``(da, d gate_params)``.
+    Torch ops on ``[T, HV]`` in the compute dtype (backward only)."""
+    rate, bias = gate_params
+    x = a.to(dgate.dtype) + bias
+    da = dgate * rate * torch.sigmoid(x)
+    return da.to(a.dtype), torch.stack([(dgate * torch.nn.functional.softplus(x)).sum(0), da.sum(0)])

@@ -79,6 +79,21 @@ class Call:
     K: int
     V: int
     scale: float
+    gate_params: torch.Tensor | None = None
+    beta_sigmoid: bool = False
+    beta_scale: float = 1.0
+
+    @property
+    def gate(self) -> dict:
+        """The keyword every program that reads g takes: with ``gate_params``
+        ``[2, HV]`` (``-exp(A_log)``, ``dt_bias``), g is the raw input and each
+        program computes the gate as it loads it (:mod:`gdn_kcp.gates`)."""
+        return {"gate_params": self.gate_params}
+
+    @property
+    def beta(self) -> dict:
+        """The beta keywords of prep and the WY backward (in-kernel sigmoid, scale)."""
+        return {"beta_sigmoid": self.beta_sigmoid, "beta_scale": self.beta_scale}
 
     @property
     def programs(self):
@@ -100,7 +115,7 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
     call.programs.prep(
         q, k, v, g, beta, call.index,
         A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
-        q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd,
+        q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd, **call.gate, **call.beta,
     )
     return tapes
 
@@ -112,7 +127,7 @@ def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, in
         k, tapes.w, tapes.v_new, g, call.index,
         k_rstd=tapes.k_rstd, initial_state=initial_state,
         s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
-        h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
+        h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out, **call.gate,
     )
 
 
@@ -129,7 +144,7 @@ def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers
         summary = buffers.arena.bind("summary")
         call.programs.summary_walk(
             k, tapes.w, tapes.v_new, g, call.index, k_rstd=tapes.k_rstd, initial_state=initial_state,
-            s_loc_out=summary[..., :V], m_out=summary[..., V:] if ctx.rank_middle[ctx.rank] else None,
+            s_loc_out=summary[..., :V], m_out=summary[..., V:] if ctx.rank_middle[ctx.rank] else None, **call.gate,
         )
     exchange = forward_a2a if call.options.exchange == "a2a" else forward_ring
     return exchange(ctx, buffers, summary, phase_call=phase_call, HV=HV, K=K, V=V, options=call.options)
@@ -171,7 +186,7 @@ def host_forward(
     o = torch.empty_like(v, dtype=q.dtype)
     call.programs.output(
         q, k, g, tapes.h, tapes.v_new, call.index,
-        scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o,
+        scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o, **call.gate,
     )
     buffers.drop("v_new", "h", *call.norms)
     arena.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from gdn_kcp.context import KcpContext, context_from_meta
+from gdn_kcp.gates import InKernelGate
 from gdn_kcp.options import OptionsKcp, options_from_str
 from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
 from gdn_kcp.dtypes import compute_dtype
@@ -55,30 +56,31 @@ class GdnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta: tuple,
-                group_name: str, options: str, scale: float, n_final_states: int):
+                group_name: str, options: str, scale: float, n_final_states: int, gate_params, beta_mode: tuple):
         o, final_state, *saved = torch.ops.gdn_kcp.fwd(
             q, k, v, g, beta, initial_state, call_workspace(workspace, meta, q, v, options, "fwd"), chunk_table, frag_table, list(meta), group_name,
-            options, scale, n_final_states,
+            options, scale, n_final_states, gate_params, *beta_mode,
         )
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, chunk_table, frag_table, *saved)
-        ctx.args = (meta, group_name, options, scale, n_final_states)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved)
+        ctx.args = (meta, group_name, options, scale, n_final_states, beta_mode)
         ctx.workspace = workspace
         ctx.mark_non_differentiable(*([] if n_final_states else [final_state]))
         return o, final_state
 
     @staticmethod
     def backward(ctx, do, d_final_state):
-        q, k, v, g, beta, initial_state, chunk_table, frag_table, *saved = ctx.saved_tensors
-        meta, group_name, options, scale, n_final_states = ctx.args
+        q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved = ctx.saved_tensors
+        meta, group_name, options, scale, n_final_states, beta_mode = ctx.args
         workspace = call_workspace(ctx.workspace, meta, q, v, options, "bwd")
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
-        dq, dk, dv, dg, dbeta, d_initial = torch.ops.gdn_kcp.bwd(
+        dq, dk, dv, dg, dbeta, d_initial, d_gate = torch.ops.gdn_kcp.bwd(
             do.contiguous(), d_final_state.contiguous() if n_final_states else None, q, k, v, g, beta,
             initial_state, saved,
             workspace, chunk_table, frag_table, list(meta), group_name, options, scale, needs_d_initial,
+            gate_params, *beta_mode,
         )
         return (dq, dk, dv, dg, dbeta, d_initial if needs_d_initial else None,
-                None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, d_gate if gate_params is not None else None, None)
 
 
 MAX_HEAD_DIM_TRITON = 128
@@ -87,8 +89,9 @@ sm_90 compile check holds bwd_dqkwg at 212,992 B of shared memory at 128)."""
 
 
 def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
-              n_final_states: int, workspace: WorkspaceKcp | None):
+              n_final_states: int, workspace: WorkspaceKcp | None, gate: InKernelGate | None = None):
     """Run the ops on token-layout tensors for rank ``ctx.rank``: ``(o, final_state)``.
+    ``gate``: the gate and beta computed in the programs (:mod:`gdn_kcp.gates`).
     Inputs are made contiguous here, in traced code: the programs address rows
     as ``(t * H + h) * D``."""
     index = ctx.index_for(q.device)
@@ -109,5 +112,6 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
     return GdnFunction.apply(
         q, k, v, g, beta, initial_state, None if workspace is None else workspace.storage,
         index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options.op_arg, scale,
-        n_final_states,
+        n_final_states, None if gate is None else gate.params(compute_dtype(q.dtype)),
+        (False, 1.0) if gate is None else gate.beta_mode,
     )

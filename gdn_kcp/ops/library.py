@@ -34,11 +34,13 @@ def check_contiguous(**tensors: Tensor | None) -> None:
 
 
 def op_setup(q: Tensor, v: Tensor, workspace: Tensor, chunk_table, frag_table, meta, group_name, options, scale,
-             which: str) -> tuple[Call, dict, Buffers]:
+             which: str, gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float
+             ) -> tuple[Call, dict, Buffers]:
     """The call, its saved layout and its buffers (the ``which`` call's arena
     over ``workspace``), rebuilt from the op's arguments."""
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
-    call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale)
+    call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale,
+                gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale)
     shapes = (q.shape[1], call.HV, call.K, call.V)
     saved_layout = kernel_saved_layout(ctx, *shapes, dtype=q.dtype, options=call.options)
     layout = gdn_workspace_layout_kcp(ctx, *shapes, dtype=q.dtype, options=call.options)
@@ -50,15 +52,18 @@ def op_setup(q: Tensor, v: Tensor, workspace: Tensor, chunk_table, frag_table, m
 def fwd(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor], workspace: Tensor,
     chunk_table: Tensor, frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float,
-    n_final_states: int,
+    n_final_states: int, gate_params: Optional[Tensor], beta_sigmoid: bool, beta_scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One rank's forward. q, k ``[T, H_qk, K]``; v ``[T, HV, V]``; g, beta
-    ``[T, HV]``; initial_state ``[N, HV, K, V]`` or None. Returns o
+    ``[T, HV]``; initial_state ``[N, HV, K, V]`` or None; gate_params ``[2, HV]``
+    (compute dtype: ``-exp(A_log)``, ``dt_bias``; g is then the raw gate input)
+    or None; beta_sigmoid / beta_scale: beta is ``beta_scale * sigmoid(beta)``
+    (or ``beta_scale * beta``) inside the programs. Returns o
     ``[T, HV, V]``, the final states ``[n_final_states, HV, K, V]`` and one
     tensor per name of ``SAVED_NAMES`` (empty when the options keep none)."""
     check_contiguous(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     call, saved_layout, buffers = op_setup(q, v, workspace, chunk_table, frag_table, meta, group_name, options,
-                                           scale, "fwd")
+                                           scale, "fwd", gate_params, beta_sigmoid, beta_scale)
     o, final_state = host_forward(
         q, k, v, g, beta, call, buffers, initial_state=initial_state, n_final_states=n_final_states or None
     )
@@ -76,13 +81,16 @@ def bwd(
     do: Tensor, d_final_state: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     initial_state: Optional[Tensor], saved: list[Tensor], workspace: Tensor, chunk_table: Tensor,
     frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float, needs_d_initial: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """One rank's backward: ``(dq, dk, dv, dg, dbeta, d_initial_state)``, the
-    last empty unless ``needs_d_initial``. ``saved`` is what :func:`fwd`
-    returned after o and the final states, in ``SAVED_NAMES`` order."""
+    gate_params: Optional[Tensor], beta_sigmoid: bool, beta_scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One rank's backward: ``(dq, dk, dv, dg, dbeta, d_initial_state,
+    d_gate_params)``; d_initial_state is empty unless ``needs_d_initial``,
+    d_gate_params ``[2, HV]`` empty without gate_params (dg and dbeta are then
+    the gradients of the raw inputs). ``saved`` is what :func:`fwd` returned
+    after o and the final states, in ``SAVED_NAMES`` order."""
     check_contiguous(do=do, d_final_state=d_final_state, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     call, saved_layout, buffers = op_setup(q, v, workspace, chunk_table, frag_table, meta, group_name, options,
-                                           scale, "bwd")
+                                           scale, "bwd", gate_params, beta_sigmoid, beta_scale)
     kept = {name: tensor for name, tensor in zip(SAVED_NAMES, saved) if name in saved_layout}
     grads = host_backward(
         q, k, v, g, beta, do, call, buffers, kept,
@@ -94,4 +102,5 @@ def bwd(
         d_initial = q.new_empty(0, dtype=compute_dtype(q.dtype))
     else:
         d_initial = d_initial.to(initial_state.dtype)
-    return grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, d_initial
+    d_gate = grads.d_gate_params if grads.d_gate_params is not None else q.new_empty(0, dtype=compute_dtype(q.dtype))
+    return grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, d_initial, d_gate

@@ -44,6 +44,18 @@ def scalars_to_chunks(x: torch.Tensor, rows: ChunkRows, dtype: torch.dtype) -> t
     return to_chunks(x[..., None], rows, dtype)[..., 0]
 
 
+def chunk_beta(beta: torch.Tensor, rows: ChunkRows, dtype: torch.dtype, sigmoid: bool = False,
+               scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(beta, d beta / d input)`` ``[NC, H, C]``: the input, or its sigmoid,
+    times ``scale`` (padded rows 0)."""
+    bc = scalars_to_chunks(beta, rows, dtype)
+    if not sigmoid:
+        return scale * bc, torch.full_like(bc, scale)
+    s = torch.sigmoid(bc)
+    zero = torch.zeros((), dtype=dtype, device=bc.device)
+    return torch.where(rows.valid[:, None, :], scale * s, zero), scale * s * (1 - s)
+
+
 def from_chunks(xc: torch.Tensor, rows: ChunkRows, out: torch.Tensor) -> None:
     """Write the valid rows of ``[NC, H, C, D]`` (or ``[NC, H, C]``) into ``out``."""
     if xc.dim() == 3:
@@ -86,9 +98,16 @@ class ChunkGates(NamedTuple):
     tail: torch.Tensor  # [NC, H, C] sum_{l > i} g_l: log of gamma_C / gamma_i
 
 
-def chunk_gates(g: torch.Tensor, rows: ChunkRows, dtype: torch.dtype) -> ChunkGates:
-    """Gates ``[T, H]`` -> the chunk's prefix and suffix sums (``[NC, H, C]``)."""
+def chunk_gates(g: torch.Tensor, rows: ChunkRows, dtype: torch.dtype,
+                gate_params: torch.Tensor | None = None) -> ChunkGates:
+    """Gates ``[T, H]`` -> the chunk's prefix and suffix sums (``[NC, H, C]``).
+    With ``gate_params`` ``[2, H]`` g is the raw input a and the gate is
+    ``gate_params[0] * softplus(a + gate_params[1])``, computed per chunk (padded rows 0)."""
     gc = scalars_to_chunks(g, rows, dtype)
+    if gate_params is not None:
+        rate, bias = (x.to(dtype)[None, :, None] for x in gate_params)
+        gc = torch.where(rows.valid[:, None, :], rate * torch.nn.functional.softplus(gc + bias),
+                         torch.zeros((), dtype=dtype, device=gc.device))
     tail = torch.nn.functional.pad(gc[..., 1:].flip(-1).cumsum(-1).flip(-1), (0, 1))
     return ChunkGates(gc, gc.cumsum(-1), tail)
 

@@ -21,10 +21,10 @@ class WalkOperands(NamedTuple):
 
 def walk_operands(
     k: torch.Tensor, k_rstd: torch.Tensor | None, w: torch.Tensor, g: torch.Tensor, rows: ChunkRows,
-    dtype: torch.dtype,
+    dtype: torch.dtype, gate_params: torch.Tensor | None = None,
 ) -> WalkOperands:
     HV = w.shape[1]
-    gates = chunk_gates(g, rows, dtype)
+    gates = chunk_gates(g, rows, dtype, gate_params)
     k_decayed = torch.exp(gates.tail)[..., None] * load_qk(k, k_rstd, rows, dtype, HV)
     return WalkOperands(to_chunks(w, rows, dtype), k_decayed, torch.exp(gates.cum[..., -1]))
 
@@ -48,11 +48,11 @@ def adjoint_step(
 
 def q_decayed_do(
     q: torch.Tensor, q_rstd: torch.Tensor | None, do: torch.Tensor, g: torch.Tensor, rows: ChunkRows,
-    dtype: torch.dtype, scale: float,
+    dtype: torch.dtype, scale: float, gate_params: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scale (diag(gamma) Q)^T dO`` per chunk, ``[NC, HV, K, V]``: the output's
     pull on the chunk's start state."""
     HV = do.shape[1]
-    gamma = torch.exp(chunk_gates(g, rows, dtype).cum)
+    gamma = torch.exp(chunk_gates(g, rows, dtype, gate_params).cum)
     qc = load_qk(q, q_rstd, rows, dtype, HV)
     return (scale * gamma[..., None] * qc).mT @ to_chunks(do, rows, dtype)

@@ -21,6 +21,7 @@ def adjoint_summary(
     dv_local: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
@@ -36,8 +37,8 @@ def adjoint_summary(
     """
     cdt = nu_out.dtype
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
-    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
+    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
     dvl = to_chunks(dv_local, rows, cdt)
     # fragment 0 starts at chunk 0; on a capped index it may not cross in: nu = 0 (the identity)
     crosses_in = crosses(index.frag_flags[:1], CROSSING_IN)

@@ -38,6 +38,7 @@ def adjoint_walk(
     dv_local: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
@@ -59,8 +60,8 @@ def adjoint_walk(
     cdt = dh_out.dtype
     HV, K, V = w.shape[1], w.shape[2], do.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
-    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
+    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
     dvl = to_chunks(dv_local, rows, cdt)
     dv_new = torch.empty_like(dvl)
     dS = end_adjoints(index, dh_out.new_empty((1, HV, K, V)), d_final_state, lam_out)

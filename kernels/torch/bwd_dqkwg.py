@@ -28,6 +28,7 @@ def bwd_dqkwg(
     dv_new: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
@@ -44,7 +45,7 @@ def bwd_dqkwg(
     HV = v_new.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
-    gates = chunk_gates(g, rows, cdt)
+    gates = chunk_gates(g, rows, cdt, gate_params)
     vn, doc, dvn = to_chunks(v_new, rows, cdt), to_chunks(do, rows, cdt), to_chunks(dv_new, rows, cdt)
     gamma = torch.exp(gates.cum)
     gamma_ratio = torch.exp(gates.tail)  # gamma_C / gamma

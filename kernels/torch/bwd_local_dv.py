@@ -18,6 +18,7 @@ def bwd_local_dv(
     do: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
@@ -29,5 +30,5 @@ def bwd_local_dv(
     HV = do.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
-    scores = causal_scores(qc, kc, chunk_gates(g, rows, cdt))
+    scores = causal_scores(qc, kc, chunk_gates(g, rows, cdt, gate_params))
     from_chunks(scale * (scores.mT @ to_chunks(do, rows, cdt)), rows, dv_out)

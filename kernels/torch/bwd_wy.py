@@ -11,7 +11,7 @@ import torch
 
 from ..chunk_index import ChunkIndex
 from ._chunks import add_from_chunks, causal_decay, chunk_gates, chunk_rows, from_chunks, load_qk
-from ._chunks import scalars_to_chunks, to_chunks
+from ._chunks import chunk_beta, to_chunks
 
 
 def bwd_wy(
@@ -24,6 +24,9 @@ def bwd_wy(
     du: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
+    beta_sigmoid: bool = False,
+    beta_scale: float = 1.0,
     k_rstd: torch.Tensor | None,
     dk_acc: torch.Tensor,
     dv_out: torch.Tensor,
@@ -38,7 +41,8 @@ def bwd_wy(
     HV = v.shape[1]
     rows = chunk_rows(index)
     kc, vc = load_qk(k, k_rstd, rows, cdt, HV), to_chunks(v, rows, cdt)
-    bc, gates = scalars_to_chunks(beta, rows, cdt), chunk_gates(g, rows, cdt)
+    bc, dbeta_dinput = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
+    gates = chunk_gates(g, rows, cdt, gate_params)
     Ac, dwc, duc = to_chunks(A, rows, cdt), to_chunks(dw, rows, cdt), to_chunks(du, rows, cdt)
     gamma = torch.exp(gates.cum)
     beta_gamma = bc * gamma
@@ -59,4 +63,4 @@ def bwd_wy(
     add_from_chunks(dk, rows, dk_acc)
     add_from_chunks(dG, rows, dg_acc)
     from_chunks(bc[..., None] * At_du, rows, dv_out)
-    from_chunks(dbeta, rows, dbeta_out)
+    from_chunks(dbeta * dbeta_dinput, rows, dbeta_out)

@@ -19,6 +19,7 @@ def output(
     v_new: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
@@ -30,7 +31,7 @@ def output(
     HV = v_new.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
-    gates = chunk_gates(g, rows, cdt)
+    gates = chunk_gates(g, rows, cdt, gate_params)
     scores = causal_scores(qc, kc, gates)
     o = (torch.exp(gates.cum)[..., None] * qc) @ h + lower_matmul(scores, to_chunks(v_new, rows, cdt))
     from_chunks(scale * o, rows, o_out)

@@ -13,7 +13,7 @@ import torch
 
 from ..chunk_index import ChunkIndex
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, l2_rstd, load_qk, lower_matmul
-from ._chunks import scalars_to_chunks, to_chunks
+from ._chunks import chunk_beta, to_chunks
 
 
 def prep(
@@ -24,6 +24,9 @@ def prep(
     beta: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
+    beta_sigmoid: bool = False,
+    beta_scale: float = 1.0,
     A_out: torch.Tensor | None,
     w_out: torch.Tensor,
     u_out: torch.Tensor,
@@ -46,9 +49,9 @@ def prep(
         q_rstd_out.copy_(l2_rstd(q, cdt))
         k_rstd_out.copy_(l2_rstd(k, cdt))
         k_rstd = k_rstd_out
-    gates = chunk_gates(g, rows, cdt)
+    gates = chunk_gates(g, rows, cdt, gate_params)
     kc = load_qk(k, k_rstd, rows, cdt, HV)
-    bc = scalars_to_chunks(beta, rows, cdt)
+    bc, _ = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
     strict = causal_scores(bc[..., None] * kc, kc, gates, strict=True)
     eye = torch.eye(strict.shape[-1], dtype=cdt, device=strict.device)
     # forward substitution: row i of A reads rows <= i of L only

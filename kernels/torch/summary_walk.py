@@ -30,6 +30,7 @@ def summary_walk(
     g: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     s_loc_out: torch.Tensor,
@@ -46,7 +47,7 @@ def summary_walk(
     cdt = s_loc_out.dtype
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
     uc = to_chunks(u, rows, cdt)
     # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
     # [T_c S + B_c | T_c M], and it starts at [S_start | I].

@@ -65,6 +65,7 @@ def tape_walk(
     g: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     s_in: torch.Tensor | None,
@@ -83,7 +84,7 @@ def tape_walk(
     cdt = h_out.dtype
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
     uc = to_chunks(u, rows, cdt)
     v_new = torch.empty_like(uc)
     S = start_states(index, h_out.new_empty((1, HV, K, V)), initial_state, s_in)

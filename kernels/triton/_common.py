@@ -32,6 +32,12 @@ def value_block(V: int) -> int:
     return min(64, head_block(V))
 
 
+def pointer(x: torch.Tensor | None, spare: torch.Tensor) -> torch.Tensor:
+    """``x``, or ``spare`` in the place of an absent tensor (a kernel whose
+    constexpr flag is off never reads it)."""
+    return x if x is not None else spare
+
+
 @triton.jit
 def dot(a, b):
     """Matrix product in the operands' dtype (fp32 without TF32 rounding)."""
@@ -77,15 +83,43 @@ def load_scalars(ptr, tok, m_t, H, h, ACC: tl.constexpr):
 
 
 @triton.jit
-def load_gates(g, tok, m_t, H, h, ACC: tl.constexpr):
+def softplus(x):
+    """``log(1 + exp(x))`` as torch computes it (x past 20 is returned as is);
+    ``log(u) * e / (u - 1)`` keeps log1p's accuracy where ``1 + e`` rounds."""
+    e = tl.exp(x)
+    u = 1.0 + e
+    return tl.where(x > 20.0, x, tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0))))
+
+
+@triton.jit
+def load_gates(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.constexpr):
     """The chunk's gates (padded rows 0), their cumsum ``G`` (padded rows hold
     ``G_C``) and the suffix sums ``sum_{l > i} g_l`` (``log(gamma_C / gamma_i)``).
     Each sum adds exactly the gates it spans: a -inf gate gives an exact zero
-    decay (never ``-inf - -inf``) and a -1e4 gate never cancels in fp32."""
+    decay (never ``-inf - -inf``) and a -1e4 gate never cancels in fp32.
+    With ``GATE``, g holds the raw input a and the gate is computed here:
+    ``gate_params[0, h] * softplus(a + gate_params[1, h])`` (FLA's
+    ``-exp(A_log) * softplus(a + dt_bias)``), so no gate tensor exists."""
     b_g = load_scalars(g, tok, m_t, H, h, ACC)
+    if GATE:
+        decay_rate = tl.load(gate_params + h).to(ACC)
+        bias = tl.load(gate_params + H + h).to(ACC)
+        b_g = tl.where(m_t, decay_rate * softplus(b_g + bias), 0.0)
     o_i = tl.arange(0, b_g.shape[0])
     tail = tl.sum(tl.where(o_i[None, :] > o_i[:, None], b_g[None, :], 0.0), 1)
     return b_g, tl.cumsum(b_g, 0), tail
+
+
+@triton.jit
+def load_beta(beta, tok, m_t, H, h, BETA_SIGMOID: tl.constexpr, BETA_SCALE: tl.constexpr, ACC: tl.constexpr):
+    """``(beta, d beta / d input)`` per token (padded rows 0): the input itself,
+    or its sigmoid with ``BETA_SIGMOID``, times ``BETA_SCALE`` (2 with FLA's
+    ``allow_neg_eigval``)."""
+    b = load_scalars(beta, tok, m_t, H, h, ACC)
+    if BETA_SIGMOID:
+        s = tl.sigmoid(b)
+        return tl.where(m_t, BETA_SCALE * s, 0.0), BETA_SCALE * s * (1.0 - s)
+    return BETA_SCALE * b, tl.zeros_like(b) + BETA_SCALE
 
 
 @triton.jit
@@ -189,26 +223,28 @@ def frag_info(frag_table, n_frag, f):
 
 
 @triton.jit
-def walk_operands(k, k_rstd, w, g, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
-                  BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
+def walk_operands(k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
+                  BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+                  ACC: tl.constexpr):
     """What one step of a walk over chunk ``c`` reads: rows, W,
     ``diag(gamma_C / gamma) K`` and ``gamma_C``."""
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
     tok = start + o_t
-    b_g, G, tail = load_gates(g, tok, m_t, HV, h, ACC)
+    b_g, G, tail = load_gates(g, gate_params, tok, m_t, HV, h, GATE, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     b_w = load_rows_cols(w, tok, m_t, HV, h, K, 0, BK, ACC)
     return tok, m_t, G, b_w, tl.exp(tail)[:, None] * b_k, tl.exp(tl.sum(b_g, 0))
 
 
 @triton.jit
-def chunk_scores(q, k, g, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
-                 BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
+def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
+                 BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+                 ACC: tl.constexpr):
     """Chunk ``c`` of head ``h``: rows, gates, q, and the decayed causal scores
     ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (output and local dv read them)."""
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
     tok = start + o_t
-    b_g, G, _ = load_gates(g, tok, m_t, HV, h, ACC)
+    b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, h, GATE, ACC)
     b_q = load_qk(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     return tok, m_t, G, b_q, causal_scores(b_q, b_k, b_g, False)

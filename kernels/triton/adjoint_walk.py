@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_qk, load_rows_cols, load_state,
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_qk, load_rows_cols, load_state, pointer,
                       store_rows_cols, store_state, value_block, walk_operands)
 
 
@@ -29,10 +29,11 @@ def adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_las
 
 @triton.jit
 def adjoint_walk_kernel(
-    q, k, w, g, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, dh, dv, d_initial, scale,
+    q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, dh, dv, d_initial,
+    scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
 ):
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
@@ -49,7 +50,7 @@ def adjoint_walk_kernel(
         c = first + count - 1 - jj
         store_state(dh, dS, c, HV, i_h, K, V, col, BK, BV)
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, g, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
         b_dvn, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
                                   H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
@@ -67,6 +68,7 @@ def adjoint_walk(
     dv_local: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
@@ -84,11 +86,12 @@ def adjoint_walk(
     BV = value_block(V)
     spare = dh_out
     adjoint_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
-        q, k, w, g, do, dv_local, q_rstd if q_rstd is not None else g, k_rstd if k_rstd is not None else g,
+        q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table,
-        d_final_state if d_final_state is not None else spare, lam_out if lam_out is not None else spare,
-        dh_out, dv_out, d_initial_state_out if d_initial_state_out is not None else spare, scale,
+        pointer(d_final_state, spare), pointer(lam_out, spare),
+        dh_out, dv_out, pointer(d_initial_state_out, spare), scale,
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
-        HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, ACC=acc_dtype(dh_out),
+        HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, GATE=gate_params is not None,
+        ACC=acc_dtype(dh_out),
     )

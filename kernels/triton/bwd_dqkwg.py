@@ -9,21 +9,21 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk,
-                      load_rows_cols, load_state, store_rows_cols, value_block)
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk, load_rows_cols,
+                      load_state, pointer, store_rows_cols, value_block)
 
 
 @triton.jit
 def bwd_dqkwg_kernel(
-    q, k, g, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
+    q, k, g, gate_params, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
-    b_g, G, tail = load_gates(g, tok, m_t, HV, i_h, ACC)
+    b_g, G, tail = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_q = load_qk(q, q_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     do_S0 = tl.zeros([BT, BK], dtype=ACC)  # dO S0^T
@@ -68,6 +68,7 @@ def bwd_dqkwg(
     dv_new: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     scale: float,
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
@@ -82,8 +83,9 @@ def bwd_dqkwg(
     if index.n_chunks == 0:
         return
     bwd_dqkwg_kernel[(index.n_chunks, HV)](
-        q, k, g, h, v_new, do, dh, dv_new, q_rstd if q_rstd is not None else g,
-        k_rstd if k_rstd is not None else g, index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
+        q, k, g, pointer(gate_params, g), h, v_new, do, dh, dv_new, pointer(q_rstd, g),
+        pointer(k_rstd, g), index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
         index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=q_rstd is not None, ACC=acc_dtype(h),
+        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        ACC=acc_dtype(h),
     )

@@ -12,22 +12,24 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk,
-                      load_rows_cols, load_scalars, store_rows_cols, value_block)
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk,
+                      load_rows_cols, pointer, store_rows_cols, value_block)
 
 
 @triton.jit
 def bwd_wy_kernel(
-    k, v, beta, g, A, dw, du, k_rstd, chunk_table, dk_acc, dv, dbeta, dg_acc,
+    k, v, beta, g, gate_params, A, dw, du, k_rstd, chunk_table, dk_acc, dv, dbeta, dg_acc,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+    BETA_SIGMOID: tl.constexpr,
+    BETA_SCALE: tl.constexpr, ACC: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
-    b_g, G, _ = load_gates(g, tok, m_t, HV, i_h, ACC)
-    b_beta = load_scalars(beta, tok, m_t, HV, i_h, ACC)
+    b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
+    b_beta, dbeta_dinput = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     b_A = load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC)
     b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, 0, BK, ACC)
@@ -56,7 +58,7 @@ def bwd_wy_kernel(
     store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, 0, BK)
     dG += tl.load(dg_acc + tok * HV + i_h, mask=m_t, other=0.0).to(ACC)
     tl.store(dg_acc + tok * HV + i_h, dG.to(dg_acc.dtype.element_ty), mask=m_t)
-    tl.store(dbeta + tok * HV + i_h, b_dbeta.to(dbeta.dtype.element_ty), mask=m_t)
+    tl.store(dbeta + tok * HV + i_h, (b_dbeta * dbeta_dinput).to(dbeta.dtype.element_ty), mask=m_t)
 
 
 def bwd_wy(
@@ -69,6 +71,9 @@ def bwd_wy(
     du: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
+    beta_sigmoid: bool = False,
+    beta_scale: float = 1.0,
     k_rstd: torch.Tensor | None,
     dk_acc: torch.Tensor,
     dv_out: torch.Tensor,
@@ -81,7 +86,8 @@ def bwd_wy(
     if index.n_chunks == 0:
         return
     bwd_wy_kernel[(index.n_chunks, HV)](
-        k, v, beta, g, A, dw, du, k_rstd if k_rstd is not None else g, index.chunk_table,
+        k, v, beta, g, pointer(gate_params, g), A, dw, du, pointer(k_rstd, g), index.chunk_table,
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd is not None, ACC=acc_dtype(dk_acc),
+        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd is not None, GATE=gate_params is not None,
+        BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(dk_acc),
     )

@@ -60,11 +60,12 @@ INTS = {"n_chunks", "n_frag", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "s
 def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     """``(name, kernel, constexprs)`` of every kernel at its shipped configuration."""
     BK, BV = head_block(K), value_block(V)
-    walk = dict(BT=BT, BK=BK, BV=BV, HAS_NORM=True, ACC=tl.float32)
+    walk = dict(BT=BT, BK=BK, BV=BV, HAS_NORM=True, GATE=True, ACC=tl.float32)  # the layer's in-kernel gate
+    beta = dict(BETA_SIGMOID=True, BETA_SCALE=1.0)
     conv = dict(W=4, HAS_BIAS=True, HAS_HALO=True, BT=BT_CONV, BD=BD_CONV, ACC=tl.float32)
     return [
         ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
-        ("prep_kernel", prep_kernel, dict(walk, STORE_A=True)),
+        ("prep_kernel", prep_kernel, dict(walk, STORE_A=True, **beta)),
         ("tape_walk_kernel", tape_walk_kernel, dict(walk, HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, IS_M=False)),
         ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=value_block(K), IS_M=True)),
@@ -73,7 +74,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("adjoint_walk_kernel", adjoint_walk_kernel, dict(walk, HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
         ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, walk),
-        ("bwd_wy_kernel", bwd_wy_kernel, walk),
+        ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, **beta)),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
         ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT, BK=BK, HAS_NORM=True, ACC=tl.float32)),
         ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),

@@ -1,4 +1,5 @@
-"""Program #1, prep (Triton): per chunk and value head the WY factors ``A = (I + L)^-1``, ``W = A diag(beta gamma) K``, ``U = A diag(beta) V``,
+"""Program #1, prep (Triton): per chunk and value head the WY factors ``A = (I + L)^-1``,
+``W = A diag(beta gamma) K``, ``U = A diag(beta) V``,
 and the q/k reciprocal norms. Same signature as ``kernels.torch.prep``."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
-from ._common import (BT, acc_dtype, causal_scores, chunk_rows, head_block, load_gates, load_qk, load_rows_cols,
-                      load_scalars, lower_dot, store_rows_cols, value_block)
+from ._common import (BT, acc_dtype, causal_scores, chunk_rows, head_block, load_beta, load_gates, load_qk,
+                      load_rows_cols, lower_dot, pointer, store_rows_cols, value_block)
 
 
 @triton.jit
@@ -40,18 +41,18 @@ def unit_lower_inverse(L, BT: tl.constexpr):
 
 @triton.jit
 def prep_kernel(
-    q, k, v, g, beta, chunk_table, A_out, w, u, k_rstd,
+    q, k, v, g, gate_params, beta, chunk_table, A_out, w, u, k_rstd,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_NORM: tl.constexpr, STORE_A: tl.constexpr, ACC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_A: tl.constexpr,
+    GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr, BETA_SCALE: tl.constexpr, ACC: tl.constexpr,
 ):
     """One chunk of one value head; grid (NC, HV)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
-    b_g, G, _ = load_gates(g, tok, m_t, HV, i_h, ACC)
-    b_beta = load_scalars(beta, tok, m_t, HV, i_h, ACC)
+    b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
+    b_beta, _ = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     b_L = causal_scores(b_beta[:, None] * b_k, b_k, b_g, True)
     b_A = unit_lower_inverse(b_L, BT)
@@ -72,6 +73,9 @@ def prep(
     beta: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
+    beta_sigmoid: bool = False,
+    beta_scale: float = 1.0,
     A_out: torch.Tensor | None,
     w_out: torch.Tensor,
     u_out: torch.Tensor,
@@ -90,9 +94,9 @@ def prep(
     if index.n_chunks == 0:
         return
     prep_kernel[(index.n_chunks, HV)](
-        q, k, v, g, beta, index.chunk_table, A_out if A_out is not None else w_out, w_out, u_out,
-        k_rstd_out if k_rstd_out is not None else w_out,
+        q, k, v, g, pointer(gate_params, g), beta, index.chunk_table,
+        pointer(A_out, w_out), w_out, u_out, pointer(k_rstd_out, w_out),
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd_out is not None, STORE_A=A_out is not None,
-        ACC=ACC,
+        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=ACC,
     )

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, dot, frag_info, head_block, last_real_fragment, load_rows_cols, load_state,
-                      store_state_strided, value_block, walk_operands)
+                      pointer, store_state_strided, value_block, walk_operands)
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
@@ -18,10 +18,10 @@ BF = tl.constexpr(64)
 
 @triton.jit
 def summary_walk_kernel(
-    k, w, u, g, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k,
+    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k,
     n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, IS_M: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
 ):
     """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it; the walk starts
     at the fragment's initial state when it starts its document and has one),
@@ -46,7 +46,8 @@ def summary_walk_kernel(
                 S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
     for j in range(0, count):
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, g, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM,
+            GATE, ACC)
         if IS_M:
             b_vn = -dot(b_w, S)
         else:
@@ -62,6 +63,7 @@ def summary_walk(
     g: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     s_loc_out: torch.Tensor,
@@ -76,9 +78,9 @@ def summary_walk(
             continue
         BV = value_block(width)
         summary_walk_kernel[(HV, triton.cdiv(width, BV))](
-            k, w, u, g, k_rstd if k_rstd is not None else g, index.chunk_table, index.frag_table,
+            k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
             initial_state if has_initial else g, out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
-            HAS_INITIAL=has_initial, ACC=acc_dtype(out),
+            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out),
         )

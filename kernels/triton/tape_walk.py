@@ -9,16 +9,16 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, store_rows_cols,
-                      store_state, value_block, walk_operands)
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, pointer,
+                      store_rows_cols, store_state, value_block, walk_operands)
 
 
 @triton.jit
 def tape_walk_kernel(
-    k, w, u, g, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
+    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, ACC: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
 ):
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
@@ -35,7 +35,7 @@ def tape_walk_kernel(
         c = first + j
         store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, g, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, ACC)
+            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
         b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S)
         store_rows_cols(v_new, b_vn, tok, m_t, HV, i_h, V, col, BV)
         S = gamma_last * S + dot(tl.trans(b_kd), b_vn)
@@ -51,6 +51,7 @@ def tape_walk(
     g: torch.Tensor,
     index: ChunkIndex,
     *,
+    gate_params: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     s_in: torch.Tensor | None,
@@ -65,10 +66,11 @@ def tape_walk(
         return
     BV = value_block(V)
     tape_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
-        k, w, u, g, k_rstd if k_rstd is not None else g, index.chunk_table, index.frag_table,
-        initial_state if initial_state is not None else h_out, s_in if s_in is not None else h_out,
-        h_out, v_new_out, final_state_out if final_state_out is not None else h_out,
+        k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
+        pointer(initial_state, h_out), pointer(s_in, h_out),
+        h_out, v_new_out, pointer(final_state_out, h_out),
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_INITIAL=initial_state is not None,
-        HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, ACC=acc_dtype(h_out),
+        HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, GATE=gate_params is not None,
+        ACC=acc_dtype(h_out),
     )
