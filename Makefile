@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate compile-check gpu-check clean
+.PHONY: demo test bench-cpu mutate compile-check compile-report gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ bench-cpu: $(VENV)/.base
 # Not CI: every Triton kernel compiled for sm_90 and sm_100, shared memory per kernel.
 compile-check: $(VENV)/.test
 	GDN_KCP_COMPILE_SM100=1 $(PY) -m pytest -s tests/test_triton_compile.py
+
+# Not CI: registers, spills and tensor-core use of every kernel for sm_90 (ptxas log and PTX; minutes).
+compile-report: $(VENV)/.test
+	TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$(mktemp -d) $(PY) -m gdn_kcp.kernels.triton.compile_specs --report
 
 # On a GPU machine only (uses the machine's torch and triton).
 gpu-check:

@@ -2,15 +2,23 @@
 ``triton.compile`` sources: compile them for a GPU target without a GPU.
 
     python -m gdn_kcp.kernels.triton.compile_specs [--arch 90] [--K 128] [--V 128]
+    python -m gdn_kcp.kernels.triton.compile_specs --report     # make compile-report
 
 prints one JSON line per kernel with its shared memory and warps (run it
 with ``TRITON_INTERPRET`` unset: the interpreter has nothing to compile).
+``--report`` also reads ptxas's log (registers, spill stores and loads per
+thread) and the PTX (``wgmma`` / ``mma`` tensor-core instructions against
+scalar ``fma.rn.f32``) of every kernel and prints a Markdown table; it
+compiles in a fresh ``TRITON_CACHE_DIR`` so ptxas runs for every kernel.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import re
 
 import triton
 import triton.language as tl
@@ -111,12 +119,67 @@ def compile_all(arch: int, K: int = 128, V: int = 128) -> list[dict]:
     return out
 
 
+def ptxas_facts(log: str) -> dict:
+    """Registers and spill bytes per thread from a ``ptxas -v`` log."""
+    def number(pattern: str) -> int:
+        match = re.search(pattern, log)
+        return int(match.group(1)) if match else 0
+
+    return dict(registers=number(r"Used (\d+) registers"), spill_stores=number(r"(\d+) bytes spill stores"),
+                spill_loads=number(r"(\d+) bytes spill loads"), stack=number(r"(\d+) bytes stack frame"))
+
+
+def instruction_class(ptx: str, has_dot: bool) -> str:
+    """How the kernel's matrix products run: ``wgmma`` / ``mma`` (tensor cores),
+    ``fma`` (scalar fp32 FMA), or ``-`` (no ``tl.dot``)."""
+    if not has_dot:
+        return "-"
+    for name in ("wgmma", "mma"):
+        if re.search(rf"\b{name}\.", ptx):
+            return name
+    return "fma"
+
+
+def report(arch: int, K: int = 128, V: int = 128) -> list[dict]:
+    """:func:`compile_all` with ptxas's figures and the instruction class of every
+    kernel. Call it in a process whose ``TRITON_CACHE_DIR`` is fresh (a cached
+    kernel skips ptxas and logs nothing)."""
+    triton.knobs.nvidia.dump_ptxas_log = True
+    target = GPUTarget("cuda", arch, 32)
+    rows = []
+    for name, kernel, constexprs in kernels(K, V):
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(source(name, kernel, constexprs), target=target)
+        has_dot = "tt.dot" in compiled.asm["ttir"]
+        rows.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
+                         num_warps=compiled.metadata.num_warps, num_stages=compiled.metadata.num_stages,
+                         products=instruction_class(compiled.asm["ptx"], has_dot),
+                         fma=len(re.findall(r"\bfma\.rn\.f32\b", compiled.asm["ptx"])), **ptxas_facts(log.getvalue())))
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| kernel | products | registers | spill stores (B/thread) | spill loads | shared (B) | warps |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['kernel']} | {r['products']} | {r['registers']} | {r['spill_stores']:,} | "
+                     f"{r['spill_loads']:,} | {r['shared']:,} | {r['num_warps']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--K", type=int, default=128)
     parser.add_argument("--V", type=int, default=128)
+    parser.add_argument("--report", action="store_true", help="registers, spills and instruction class (Markdown)")
     args = parser.parse_args()
+    if args.report:
+        rows = report(args.arch, args.K, args.V)
+        print("\n".join(json.dumps(row) for row in rows))
+        print(markdown(rows))
+        return
     for row in compile_all(args.arch, args.K, args.V):
         print(json.dumps(row), flush=True)
 
