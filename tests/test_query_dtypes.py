@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from gdn_kcp import OptionsKcp, WorkspaceKcp
+from gdn_kcp import WorkspaceKcp
 from gdn_kcp.context import context_from_split, default_ranges
 from gdn_kcp.queries import (
     gdn_comm_bytes_kcp,

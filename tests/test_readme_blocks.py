@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 import torch
 from readme_tables import README, options_of, table_rows
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from ..chunk_index import CHUNK_SIZE, ChunkIndex
+from ..precision import mm
 
 L2NORM_EPS = 1e-6
 """``x / sqrt(sum(x^2) + eps)``: the same eps as FLA's l2norm, so results agree."""
@@ -129,16 +130,17 @@ def causal_decay(gates: ChunkGates, strict: bool = False) -> torch.Tensor:
     return torch.where(keep, torch.exp(segment), torch.zeros((), dtype=segment.dtype, device=segment.device))
 
 
-def causal_scores(a: torch.Tensor, b: torch.Tensor, gates: ChunkGates, strict: bool = False) -> torch.Tensor:
+def causal_scores(a: torch.Tensor, b: torch.Tensor, gates: ChunkGates, strict: bool = False,
+                  mode: str = "ieee") -> torch.Tensor:
     """``(A B^T) * exp(G_i - G_j)`` on the causal part, zero above it. The mask
     is a select, so a non-finite row of A or B (or gate) at token t reaches no
     row ``i < t``."""
     segment, keep = _segments(gates, strict)
-    scores = (a @ b.mT) * torch.exp(segment)
+    scores = mm(a, b.mT, mode) * torch.exp(segment)
     return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
 
 
-def lower_matmul(lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def lower_matmul(lower: torch.Tensor, x: torch.Tensor, mode: str = "ieee") -> torch.Tensor:
     """``lower @ x`` for a lower-triangular ``[..., C, C]`` factor without the
     ``0 * inf`` of the zeros above the diagonal: a dense product makes every
     row non-finite when one row of ``x`` is; here row i is NaN exactly when a
@@ -146,5 +148,5 @@ def lower_matmul(lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     of token t stays at and after t."""
     finite = torch.isfinite(x).all(-1, keepdim=True)
     reached = (~finite).cumsum(-2) > 0
-    out = lower @ torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    out = mm(lower, torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)), mode)
     return torch.where(reached, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)

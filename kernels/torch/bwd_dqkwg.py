@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
+from ..precision import matmul_mode, mm
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
@@ -49,15 +50,16 @@ def bwd_dqkwg(
     vn, doc, dvn = to_chunks(v_new, rows, cdt), to_chunks(do, rows, cdt), to_chunks(dv_new, rows, cdt)
     gamma = torch.exp(gates.cum)
     gamma_ratio = torch.exp(gates.tail)  # gamma_C / gamma
+    mode = matmul_mode(q.dtype)
 
-    dq_state = scale * gamma[..., None] * (doc @ h.mT)
-    dscores = scale * causal_scores(doc, vn, gates)  # dP * D
-    dk_end = gamma_ratio[..., None] * (vn @ dh.mT)
-    from_chunks(dq_state + dscores @ kc, rows, dq_out)
-    from_chunks(dscores.mT @ qc + dk_end, rows, dk_out)
-    from_chunks(-(dvn @ h.mT), rows, dw_out)
+    dq_state = scale * gamma[..., None] * mm(doc, h.mT, mode)
+    dscores = scale * causal_scores(doc, vn, gates, mode=mode)  # dP * D
+    dk_end = gamma_ratio[..., None] * mm(vn, dh.mT, mode)
+    from_chunks(dq_state + mm(dscores, kc, mode), rows, dq_out)
+    from_chunks(mm(dscores.mT, qc, mode) + dk_end, rows, dk_out)
+    from_chunks(-mm(dvn, h.mT, mode), rows, dw_out)
 
-    through_scores = dscores * (qc @ kc.mT)  # dP * P
+    through_scores = dscores * mm(qc, kc.mT, mode)  # dP * P
     through_end = (dk_end * kc).sum(-1)  # <dKd_i, Kd_i>
     dG = (dq_state * qc).sum(-1) + through_scores.sum(-1) - through_scores.sum(-2) - through_end
     d_last = through_end.sum(-1) + torch.exp(gates.cum[..., -1]) * (dh * h).sum((-2, -1))

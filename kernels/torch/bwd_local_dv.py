@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
+from ..precision import matmul_mode, mm
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
@@ -30,5 +31,6 @@ def bwd_local_dv(
     HV = do.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
-    scores = causal_scores(qc, kc, chunk_gates(g, rows, cdt, gate_params))
-    from_chunks(scale * (scores.mT @ to_chunks(do, rows, cdt)), rows, dv_out)
+    mode = matmul_mode(q.dtype)
+    scores = causal_scores(qc, kc, chunk_gates(g, rows, cdt, gate_params), mode=mode)
+    from_chunks(scale * mm(scores.mT, to_chunks(do, rows, cdt), mode), rows, dv_out)

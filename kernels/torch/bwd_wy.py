@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
+from ..precision import matmul_mode, mm
 from ._chunks import add_from_chunks, causal_decay, chunk_gates, chunk_rows, from_chunks, load_qk
 from ._chunks import chunk_beta, to_chunks
 
@@ -47,17 +48,18 @@ def bwd_wy(
     gamma = torch.exp(gates.cum)
     beta_gamma = bc * gamma
     kb, vb = beta_gamma[..., None] * kc, bc[..., None] * vc
-    At_dw, At_du = Ac.mT @ dwc, Ac.mT @ duc
+    mode = matmul_mode(k.dtype)
+    At_dw, At_du = mm(Ac.mT, dwc, mode), mm(Ac.mT, duc, mode)
     w_dot_k = (At_dw * kc).sum(-1)
 
     decay = causal_decay(gates, strict=True)
-    kkt = kc @ kc.mT
-    dA = dwc @ kb.mT + duc @ vb.mT
-    dL = -(Ac.mT @ dA @ Ac.mT).tril(-1)
+    kkt = mm(kc, kc.mT, mode)
+    dA = mm(dwc, kb.mT, mode) + mm(duc, vb.mT, mode)
+    dL = -mm(mm(Ac.mT, dA, mode), Ac.mT, mode).tril(-1)
     dL_decayed = dL * decay
     through_L = dL_decayed * kkt * bc[..., None]  # dL * L
 
-    dk = beta_gamma[..., None] * At_dw + (bc[..., None] * dL_decayed + (bc[..., None] * dL_decayed).mT) @ kc
+    dk = beta_gamma[..., None] * At_dw + mm(bc[..., None] * dL_decayed + (bc[..., None] * dL_decayed).mT, kc, mode)
     dbeta = gamma * w_dot_k + (At_du * vc).sum(-1) + (dL_decayed * kkt).sum(-1)
     dG = beta_gamma * w_dot_k + through_L.sum(-1) - through_L.sum(-2)
     add_from_chunks(dk, rows, dk_acc)

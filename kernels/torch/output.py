@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
+from ..precision import matmul_mode, mm
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, lower_matmul, to_chunks
 
 
@@ -32,6 +33,7 @@ def output(
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
     gates = chunk_gates(g, rows, cdt, gate_params)
-    scores = causal_scores(qc, kc, gates)
-    o = (torch.exp(gates.cum)[..., None] * qc) @ h + lower_matmul(scores, to_chunks(v_new, rows, cdt))
+    mode = matmul_mode(q.dtype)
+    scores = causal_scores(qc, kc, gates, mode=mode)
+    o = mm(torch.exp(gates.cum)[..., None] * qc, h, mode) + lower_matmul(scores, to_chunks(v_new, rows, cdt), mode)
     from_chunks(scale * o, rows, o_out)

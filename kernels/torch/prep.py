@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
+from ..precision import matmul_mode
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, l2_rstd, load_qk, lower_matmul
 from ._chunks import chunk_beta, to_chunks
 
@@ -52,11 +53,12 @@ def prep(
     gates = chunk_gates(g, rows, cdt, gate_params)
     kc = load_qk(k, k_rstd, rows, cdt, HV)
     bc, _ = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
-    strict = causal_scores(bc[..., None] * kc, kc, gates, strict=True)
+    mode = matmul_mode(k.dtype)
+    strict = causal_scores(bc[..., None] * kc, kc, gates, strict=True, mode=mode)
     eye = torch.eye(strict.shape[-1], dtype=cdt, device=strict.device)
     # forward substitution: row i of A reads rows <= i of L only
     A = torch.linalg.solve_triangular(strict + eye, eye.expand_as(strict), upper=False, unitriangular=True)
     if A_out is not None:
         from_chunks(A, rows, A_out)
-    from_chunks(lower_matmul(A, (bc * torch.exp(gates.cum))[..., None] * kc), rows, w_out)
-    from_chunks(lower_matmul(A, bc[..., None] * to_chunks(v, rows, cdt)), rows, u_out)
+    from_chunks(lower_matmul(A, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)
+    from_chunks(lower_matmul(A, bc[..., None] * to_chunks(v, rows, cdt), mode), rows, u_out)

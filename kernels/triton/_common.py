@@ -2,17 +2,20 @@
 
 Layouts are the torch programs' (token layout ``[T, H, D]``, contiguous);
 addresses are int64. ``ACC`` is the compute dtype (fp32, or fp64 for fp64
-inputs); every ``tl.dot`` runs in it with ``input_precision="ieee"`` so the
-Triton programs agree with their torch twins to fp32 rounding.
+inputs) of every tile and accumulator; ``MM`` is the precision rule of every
+``tl.dot`` (:func:`dot`), which the torch twins round to at the same points.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ..chunk_index import CHUNK_SIZE
+from ..precision import matmul_mode
 
 BT = CHUNK_SIZE
 
@@ -38,10 +41,52 @@ def pointer(x: torch.Tensor | None, spare: torch.Tensor) -> torch.Tensor:
     return x if x is not None else spare
 
 
+def mm_mode(x: torch.Tensor) -> str:
+    """The ``MM`` constexpr for inputs like ``x``: the precision rule of
+    :func:`gdn_kcp.kernels.precision.matmul_mode`, except that under
+    ``TRITON_INTERPRET=1`` bf16 runs as ``"bf16_emulated"``: the interpreter's
+    ``tl.dot`` on bf16 tiles returns garbage (numpy has no bf16; seen with
+    triton 3.9) and its fp32 -> bf16 cast does not round to nearest."""
+    mode = matmul_mode(x.dtype)
+    return "bf16_emulated" if mode == "bf16" and os.environ.get("TRITON_INTERPRET") == "1" else mode
+
+
 @triton.jit
-def dot(a, b):
-    """Matrix product in the operands' dtype (fp32 without TF32 rounding)."""
-    return tl.dot(a, b, input_precision="ieee")
+def round_to_bf16(x):
+    """fp32 rounded to the nearest bf16 (ties to even), kept in fp32: the
+    operand the tensor cores would read."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def cast_to(x, ptr):
+    """``x`` in ``ptr``'s element type, rounded to nearest (a bf16 store under
+    the interpreter would otherwise truncate: twice the rounding error)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        x = round_to_bf16(x.to(tl.float32))
+    return x.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def dot(a, b, MM: tl.constexpr):
+    """Matrix product under the precision rule ``MM`` (:mod:`gdn_kcp.kernels.precision`):
+    ``"bf16"`` / ``"fp16"`` cast both operands to the input dtype (tensor
+    cores, fp32 accumulation), ``"tf32"`` reads fp32 operands as tf32,
+    ``"ieee"`` multiplies in the operands' dtype (fp32 or fp64) exactly, and
+    ``"bf16_emulated"`` (the interpreter, :func:`mm_mode`) rounds the operands
+    to bf16 and multiplies them exactly, as the tensor cores do."""
+    if MM == "bf16_emulated":
+        return tl.dot(round_to_bf16(a), round_to_bf16(b), input_precision="ieee")
+    elif MM == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    elif MM == "fp16":
+        return tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
+    elif MM == "tf32":
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -73,7 +118,7 @@ def load_rows_cols(ptr, tok, m_t, H, h, D, col0, BD: tl.constexpr, ACC: tl.const
 def store_rows_cols(ptr, x, tok, m_t, H, h, D, col0, BD: tl.constexpr):
     o_d = col0 + tl.arange(0, BD)
     p = ptr + (tok[:, None] * H + h) * D + o_d[None, :]
-    tl.store(p, x.to(ptr.dtype.element_ty), mask=m_t[:, None] & (o_d[None, :] < D))
+    tl.store(p, cast_to(x, ptr), mask=m_t[:, None] & (o_d[None, :] < D))
 
 
 @triton.jit
@@ -153,22 +198,22 @@ def causal_decay(b_g, STRICT: tl.constexpr):
 
 
 @triton.jit
-def causal_scores(a, b, b_g, STRICT: tl.constexpr):
+def causal_scores(a, b, b_g, STRICT: tl.constexpr, MM: tl.constexpr):
     """``(A B^T) * exp(G_i - G_j)`` on the causal part, zero above: a select, so
     a non-finite row of A or B (or gate) at token t reaches no row ``i < t``."""
     segment, keep = causal_segments(b_g, STRICT)
-    return tl.where(keep, dot(a, tl.trans(b)) * tl.exp(segment), 0.0)
+    return tl.where(keep, dot(a, tl.trans(b), MM) * tl.exp(segment), 0.0)
 
 
 @triton.jit
-def lower_dot(lower, x):
+def lower_dot(lower, x, MM: tl.constexpr):
     """``lower @ x`` for a lower-triangular ``lower`` without the ``0 * inf`` of
     its zeros: row i is NaN exactly when a row ``l <= i`` of ``x`` is not
     finite, and exact otherwise (a plain product is NaN in every row), so a
     NaN or inf of token t stays at and after t."""
     finite = (x - x) == 0.0
     reached = tl.cumsum(tl.max(tl.where(finite, 0, 1), 1), 0) > 0
-    out = dot(lower, tl.where(finite, x, 0.0))
+    out = dot(lower, tl.where(finite, x, 0.0), MM)
     return tl.where(reached[:, None], float("nan"), out)
 
 
@@ -186,7 +231,7 @@ def store_state(ptr, x, row, H, h, K, V, col0, BK: tl.constexpr, BV: tl.constexp
     o_k = tl.arange(0, BK)
     o_v = col0 + tl.arange(0, BV)
     p = ptr + ((row * H + h).to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :]
-    tl.store(p, x.to(ptr.dtype.element_ty), mask=(o_k[:, None] < K) & (o_v[None, :] < V))
+    tl.store(p, cast_to(x, ptr), mask=(o_k[:, None] < K) & (o_v[None, :] < V))
 
 
 @triton.jit
@@ -196,7 +241,7 @@ def store_state_strided(ptr, x, h, stride_h, stride_k, K, V, col0, BK: tl.conste
     o_k = tl.arange(0, BK)
     o_v = col0 + tl.arange(0, BV)
     p = ptr + h.to(tl.int64) * stride_h + o_k[:, None] * stride_k + o_v[None, :]
-    tl.store(p, x.to(ptr.dtype.element_ty), mask=(o_k[:, None] < K) & (o_v[None, :] < V))
+    tl.store(p, cast_to(x, ptr), mask=(o_k[:, None] < K) & (o_v[None, :] < V))
 
 
 @triton.jit
@@ -239,7 +284,7 @@ def walk_operands(k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, 
 @triton.jit
 def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
                  BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
-                 ACC: tl.constexpr):
+                 ACC: tl.constexpr, MM: tl.constexpr):
     """Chunk ``c`` of head ``h``: rows, gates, q, and the decayed causal scores
     ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (output and local dv read them)."""
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
@@ -247,4 +292,4 @@ def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, c,
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, h, GATE, ACC)
     b_q = load_qk(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
-    return tok, m_t, G, b_q, causal_scores(b_q, b_k, b_g, False)
+    return tok, m_t, G, b_q, causal_scores(b_q, b_k, b_g, False, MM)

@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import pointer, BT, acc_dtype, frag_info, head_block, load_state, store_state, value_block, walk_operands
+from ._common import (BT, acc_dtype, frag_info, head_block, load_state, mm_mode, pointer, store_state, value_block,
+                      walk_operands)
 from .adjoint_walk import adjoint_chunk
 
 
@@ -18,7 +19,7 @@ def adjoint_summary_kernel(
     q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, nu, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_FINAL: tl.constexpr,
-    GATE: tl.constexpr, ACC: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
@@ -35,7 +36,7 @@ def adjoint_summary_kernel(
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
             k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
         _, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
-                              H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC)
+                              H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC, MM)
     store_state(nu, dS, 0, HV, i_h, K, V, col, BK, BV)
 
 
@@ -65,5 +66,5 @@ def adjoint_summary(
         index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, scale, index.n_chunks,
         index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=has_final,
-        GATE=gate_params is not None, ACC=acc_dtype(nu_out),
+        GATE=gate_params is not None, ACC=acc_dtype(nu_out), MM=mm_mode(k),
     )

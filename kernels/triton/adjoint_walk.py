@@ -12,19 +12,19 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_qk, load_rows_cols, load_state, pointer,
-                      store_rows_cols, store_state, value_block, walk_operands)
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_qk, load_rows_cols, load_state, mm_mode,
+                      pointer, store_rows_cols, store_state, value_block, walk_operands)
 
 
 @triton.jit
 def adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale, H_qk, hk, HV, h, K, V,
-                  col, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
+                  col, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr):
     """One chunk of the adjoint walk: ``(dVn, dS_prev)``."""
     b_q = load_qk(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
     b_do = load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC)
-    b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + dot(b_kd, dS)
-    pull = dot(tl.trans(scale * tl.exp(G)[:, None] * b_q), b_do)
-    return b_dvn, gamma_last * dS + pull - dot(tl.trans(b_w), b_dvn)
+    b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + dot(b_kd, dS, MM)
+    pull = dot(tl.trans(scale * tl.exp(G)[:, None] * b_q), b_do, MM)
+    return b_dvn, gamma_last * dS + pull - dot(tl.trans(b_w), b_dvn, MM)
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def adjoint_walk_kernel(
     scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
+    HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
@@ -52,7 +52,7 @@ def adjoint_walk_kernel(
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
             k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
         b_dvn, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
-                                  H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC)
+                                  H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC, MM)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
     if HAS_INITIAL:
         if (flags & 1) == 0:
@@ -93,5 +93,5 @@ def adjoint_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
         HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(dh_out),
+        ACC=acc_dtype(dh_out), MM=mm_mode(k),
     )

@@ -9,15 +9,15 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk, load_rows_cols,
-                      load_state, pointer, store_rows_cols, value_block)
+from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk, load_rows_cols,
+                      load_state, mm_mode, pointer, store_rows_cols, value_block)
 
 
 @triton.jit
 def bwd_dqkwg_kernel(
     q, k, g, gate_params, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
@@ -37,24 +37,24 @@ def bwd_dqkwg_kernel(
         b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
         b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
         b_dvn = load_rows_cols(dv_new, tok, m_t, HV, i_h, V, col, BV, ACC)
-        do_S0 += dot(b_do, tl.trans(S0))
-        do_vn += dot(b_do, tl.trans(b_vn))
-        vn_dS += dot(b_vn, tl.trans(dS))
-        b_dw -= dot(b_dvn, tl.trans(S0))
+        do_S0 += dot(b_do, tl.trans(S0), MM)
+        do_vn += dot(b_do, tl.trans(b_vn), MM)
+        vn_dS += dot(b_vn, tl.trans(dS), MM)
+        b_dw -= dot(b_dvn, tl.trans(S0), MM)
         dS_S0 += dS * S0
     gamma = tl.exp(G)
     dq_state = scale * gamma[:, None] * do_S0
     dscores = scale * do_vn * causal_decay(b_g, False)  # dP * D
     dk_end = tl.exp(tail)[:, None] * vn_dS
-    store_rows_cols(dq, dq_state + dot(dscores, b_k), tok, m_t, HV, i_h, K, 0, BK)
-    store_rows_cols(dk, dot(tl.trans(dscores), b_q) + dk_end, tok, m_t, HV, i_h, K, 0, BK)
+    store_rows_cols(dq, dq_state + dot(dscores, b_k, MM), tok, m_t, HV, i_h, K, 0, BK)
+    store_rows_cols(dk, dot(tl.trans(dscores), b_q, MM) + dk_end, tok, m_t, HV, i_h, K, 0, BK)
     store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, 0, BK)
-    through_scores = dscores * dot(b_q, tl.trans(b_k))  # dP * P
+    through_scores = dscores * dot(b_q, tl.trans(b_k), MM)  # dP * P
     through_end = tl.sum(dk_end * b_k, 1)
     dG = tl.sum(dq_state * b_q, 1) + tl.sum(through_scores, 1) - tl.sum(through_scores, 0) - through_end
     d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(tl.sum(dS_S0, 1), 0)
     dG += tl.where(o_t == length - 1, d_last, 0.0)
-    tl.store(dg + tok * HV + i_h, dG.to(dg.dtype.element_ty), mask=m_t)
+    tl.store(dg + tok * HV + i_h, cast_to(dG, dg), mask=m_t)
 
 
 def bwd_dqkwg(
@@ -87,5 +87,5 @@ def bwd_dqkwg(
         pointer(k_rstd, g), index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(h),
+        ACC=acc_dtype(h), MM=mm_mode(k),
     )

@@ -8,22 +8,23 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import pointer, BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, store_rows_cols, value_block
+from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, mm_mode, pointer,
+                      store_rows_cols, value_block)
 
 
 @triton.jit
 def bwd_local_dv_kernel(
     q, k, g, gate_params, do, dv, q_rstd, k_rstd, chunk_table, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
     tok, m_t, _, _, scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk, i_hk,
-                                          HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
+                                          HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC, MM)
     b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
-    store_rows_cols(dv, scale * dot(tl.trans(scores), b_do), tok, m_t, HV, i_h, V, col, BV)
+    store_rows_cols(dv, scale * dot(tl.trans(scores), b_do, MM), tok, m_t, HV, i_h, V, col, BV)
 
 
 def bwd_local_dv(
@@ -49,5 +50,5 @@ def bwd_local_dv(
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(dv_out),
+        ACC=acc_dtype(dv_out), MM=mm_mode(k),
     )

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk,
-                      load_rows_cols, pointer, store_rows_cols, value_block)
+from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk,
+                      load_rows_cols, mm_mode, pointer, store_rows_cols, value_block)
 
 
 @triton.jit
@@ -22,7 +22,7 @@ def bwd_wy_kernel(
     n_chunks, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
     BETA_SIGMOID: tl.constexpr,
-    BETA_SCALE: tl.constexpr, ACC: tl.constexpr,
+    BETA_SCALE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
@@ -34,31 +34,31 @@ def bwd_wy_kernel(
     b_A = load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC)
     b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, 0, BK, ACC)
     beta_gamma = b_beta * tl.exp(G)
-    At_dw = dot(tl.trans(b_A), b_dw)
+    At_dw = dot(tl.trans(b_A), b_dw, MM)
     w_dot_k = tl.sum(At_dw * b_k, 1)
-    dA = dot(b_dw, tl.trans(beta_gamma[:, None] * b_k))
+    dA = dot(b_dw, tl.trans(beta_gamma[:, None] * b_k), MM)
     u_dot_v = tl.zeros([BT], dtype=ACC)
     for col in range(0, V, BV):
         b_v = load_rows_cols(v, tok, m_t, HV, i_h, V, col, BV, ACC)
         b_du = load_rows_cols(du, tok, m_t, HV, i_h, V, col, BV, ACC)
-        At_du = dot(tl.trans(b_A), b_du)
+        At_du = dot(tl.trans(b_A), b_du, MM)
         store_rows_cols(dv, b_beta[:, None] * At_du, tok, m_t, HV, i_h, V, col, BV)
         u_dot_v += tl.sum(At_du * b_v, 1)
-        dA += dot(b_du, tl.trans(b_beta[:, None] * b_v))
+        dA += dot(b_du, tl.trans(b_beta[:, None] * b_v), MM)
     o_i = tl.arange(0, BT)
-    dL = tl.where(o_i[:, None] > o_i[None, :], -dot(dot(tl.trans(b_A), dA), tl.trans(b_A)), 0.0)
+    dL = tl.where(o_i[:, None] > o_i[None, :], -dot(dot(tl.trans(b_A), dA, MM), tl.trans(b_A), MM), 0.0)
     dL_decayed = dL * causal_decay(b_g, True)
-    kkt = dot(b_k, tl.trans(b_k))
+    kkt = dot(b_k, tl.trans(b_k), MM)
     through_L = dL_decayed * kkt * b_beta[:, None]  # dL * L
     dKk = b_beta[:, None] * dL_decayed
-    b_dk = beta_gamma[:, None] * At_dw + dot(dKk + tl.trans(dKk), b_k)
+    b_dk = beta_gamma[:, None] * At_dw + dot(dKk + tl.trans(dKk), b_k, MM)
     b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + tl.sum(dL_decayed * kkt, 1)
     dG = beta_gamma * w_dot_k + tl.sum(through_L, 1) - tl.sum(through_L, 0)
     b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, 0, BK, ACC)
     store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, 0, BK)
     dG += tl.load(dg_acc + tok * HV + i_h, mask=m_t, other=0.0).to(ACC)
-    tl.store(dg_acc + tok * HV + i_h, dG.to(dg_acc.dtype.element_ty), mask=m_t)
-    tl.store(dbeta + tok * HV + i_h, (b_dbeta * dbeta_dinput).to(dbeta.dtype.element_ty), mask=m_t)
+    tl.store(dg_acc + tok * HV + i_h, cast_to(dG, dg_acc), mask=m_t)
+    tl.store(dbeta + tok * HV + i_h, cast_to(b_dbeta * dbeta_dinput, dbeta), mask=m_t)
 
 
 def bwd_wy(
@@ -89,5 +89,5 @@ def bwd_wy(
         k, v, beta, g, pointer(gate_params, g), A, dw, du, pointer(k_rstd, g), index.chunk_table,
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd is not None, GATE=gate_params is not None,
-        BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(dk_acc),
+        BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(dk_acc), MM=mm_mode(k),
     )

@@ -9,25 +9,24 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, load_state, lower_dot, pointer,
-                      store_rows_cols, value_block)
+from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, load_state, lower_dot, mm_mode,
+                      pointer, store_rows_cols, value_block)
 
 
 @triton.jit
 def output_kernel(
     q, k, g, gate_params, h, v_new, o, q_rstd, k_rstd, chunk_table, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    tok, m_t, G, b_q, scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk,
-    i_hk,
-                                            HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
+    tok, m_t, G, b_q, scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, i_c,
+                                            H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC, MM)
     S0 = load_state(h, i_c, HV, i_h, K, V, col, BK, BV, ACC)
     b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
-    b_o = scale * (dot(tl.exp(G)[:, None] * b_q, S0) + lower_dot(scores, b_vn))
+    b_o = scale * (dot(tl.exp(G)[:, None] * b_q, S0, MM) + lower_dot(scores, b_vn, MM))
     store_rows_cols(o, b_o, tok, m_t, HV, i_h, V, col, BV)
 
 
@@ -54,5 +53,5 @@ def output(
     output_kernel[(index.n_chunks, HV, triton.cdiv(V, BV))](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, ACC=acc_dtype(h),
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, ACC=acc_dtype(h), MM=mm_mode(k),
     )

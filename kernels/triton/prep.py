@@ -10,8 +10,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
-from ._common import (BT, acc_dtype, causal_scores, chunk_rows, head_block, load_beta, load_gates, load_qk,
-                      load_rows_cols, lower_dot, pointer, store_rows_cols, value_block)
+from ._common import (cast_to, BT, acc_dtype, causal_scores, chunk_rows, head_block, load_beta, load_gates, load_qk,
+                      load_rows_cols, lower_dot, mm_mode, pointer, store_rows_cols, value_block)
 
 
 @triton.jit
@@ -22,7 +22,7 @@ def l2_rstd_kernel(x, rstd, T, H, D, EPS: tl.constexpr, BT: tl.constexpr, BD: tl
     m_t = tok < T
     x_t = load_rows_cols(x, tok, m_t, H, i_h, D, 0, BD, ACC)
     r = 1.0 / tl.sqrt(tl.sum(x_t * x_t, 1) + EPS)
-    tl.store(rstd + tok * H + i_h, r.to(rstd.dtype.element_ty), mask=m_t)
+    tl.store(rstd + tok * H + i_h, cast_to(r, rstd), mask=m_t)
 
 
 @triton.jit
@@ -44,7 +44,7 @@ def prep_kernel(
     q, k, v, g, gate_params, beta, chunk_table, A_out, w, u, k_rstd,
     n_chunks, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, STORE_A: tl.constexpr,
-    GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr, BETA_SCALE: tl.constexpr, ACC: tl.constexpr,
+    GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr, BETA_SCALE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """One chunk of one value head; grid (NC, HV)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
@@ -54,15 +54,15 @@ def prep_kernel(
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, _ = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
     b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
-    b_L = causal_scores(b_beta[:, None] * b_k, b_k, b_g, True)
+    b_L = causal_scores(b_beta[:, None] * b_k, b_k, b_g, True, MM)
     b_A = unit_lower_inverse(b_L, BT)
     if STORE_A:
         store_rows_cols(A_out, b_A, tok, m_t, HV, i_h, BT, 0, BT)
-    b_w = lower_dot(b_A, (b_beta * tl.exp(G))[:, None] * b_k)
+    b_w = lower_dot(b_A, (b_beta * tl.exp(G))[:, None] * b_k, MM)
     store_rows_cols(w, b_w, tok, m_t, HV, i_h, K, 0, BK)
     for col in range(0, V, BV):
         b_v = load_rows_cols(v, tok, m_t, HV, i_h, V, col, BV, ACC)
-        store_rows_cols(u, lower_dot(b_A, b_beta[:, None] * b_v), tok, m_t, HV, i_h, V, col, BV)
+        store_rows_cols(u, lower_dot(b_A, b_beta[:, None] * b_v, MM), tok, m_t, HV, i_h, V, col, BV)
 
 
 def prep(
@@ -98,5 +98,5 @@ def prep(
         pointer(A_out, w_out), w_out, u_out, pointer(k_rstd_out, w_out),
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd_out is not None, STORE_A=A_out is not None,
-        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=ACC,
+        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=ACC, MM=mm_mode(k),
     )

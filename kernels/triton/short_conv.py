@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import acc_dtype
+from ._common import cast_to, acc_dtype
 
 BT_CONV = 32
 BD_CONV = 128
@@ -59,7 +59,7 @@ def short_conv_fwd_kernel(x, w, b, reach, halo, y, T, D, W: tl.constexpr, HAS_BI
     m_t, m_d = t < T, o_d < D
     pre, _ = _pre_rows(x, w, b, reach, halo, t, m_t, o_d, m_d, D, W, HAS_BIAS, HAS_HALO, ACC, BT, BD)
     out = pre * tl.sigmoid(pre)
-    tl.store(y + t[:, None] * D + o_d[None, :], out.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    tl.store(y + t[:, None] * D + o_d[None, :], cast_to(out, y), mask=m_t[:, None] & m_d[None, :])
 
 
 @triton.jit
@@ -90,10 +90,10 @@ def short_conv_bwd_dx_kernel(x, w, b, reach, halo, dy, dx, dhalo, T, D, W: tl.co
         keep = (m_t & (r >= i))[:, None]
         acc += tl.where(keep, dpre, 0.0) * tl.load(w + o_d * W + (W - 1 - i), mask=m_d, other=0.0).to(ACC)[None, :]
     m_x = ((s >= 0) & (s < T))[:, None] & m_d[None, :]
-    tl.store(dx + s[:, None] * D + o_d[None, :], acc.to(dx.dtype.element_ty), mask=m_x)
+    tl.store(dx + s[:, None] * D + o_d[None, :], cast_to(acc, dx), mask=m_x)
     if HAS_HALO:
         m_h = (s < 0)[:, None] & m_d[None, :]
-        tl.store(dhalo + (s + W - 1)[:, None] * D + o_d[None, :], acc.to(dhalo.dtype.element_ty), mask=m_h)
+        tl.store(dhalo + (s + W - 1)[:, None] * D + o_d[None, :], cast_to(acc, dhalo), mask=m_h)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, dot, frag_info, head_block, last_real_fragment, load_rows_cols, load_state,
-                      pointer, store_state_strided, value_block, walk_operands)
+                      mm_mode, pointer, store_state_strided, value_block, walk_operands)
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
@@ -21,7 +21,7 @@ def summary_walk_kernel(
     k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k,
     n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, IS_M: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it; the walk starts
     at the fragment's initial state when it starts its document and has one),
@@ -49,10 +49,10 @@ def summary_walk_kernel(
             k, k_rstd, w, g, gate_params, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM,
             GATE, ACC)
         if IS_M:
-            b_vn = -dot(b_w, S)
+            b_vn = -dot(b_w, S, MM)
         else:
-            b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S)
-        S = gamma_last * S + dot(tl.trans(b_kd), b_vn)
+            b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S, MM)
+        S = gamma_last * S + dot(tl.trans(b_kd), b_vn, MM)
     store_state_strided(out, S, i_h, stride_h, stride_k, K, WIDTH, col, BK, BV)
 
 
@@ -82,5 +82,5 @@ def summary_walk(
             initial_state if has_initial else g, out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
-            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out),
-        )
+            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out), MM=mm_mode(k),
+    )

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, pointer,
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, mm_mode, pointer,
                       store_rows_cols, store_state, value_block, walk_operands)
 
 
@@ -18,7 +18,7 @@ def tape_walk_kernel(
     k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
@@ -36,9 +36,9 @@ def tape_walk_kernel(
         store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
         tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
             k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
-        b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S)
+        b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S, MM)
         store_rows_cols(v_new, b_vn, tok, m_t, HV, i_h, V, col, BV)
-        S = gamma_last * S + dot(tl.trans(b_kd), b_vn)
+        S = gamma_last * S + dot(tl.trans(b_kd), b_vn, MM)
     if HAS_FINAL:
         if (flags & 2) == 0:
             store_state(final_state, S, i_f, HV, i_h, K, V, col, BK, BV)
@@ -72,5 +72,5 @@ def tape_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_INITIAL=initial_state is not None,
         HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(h_out),
+        ACC=acc_dtype(h_out), MM=mm_mode(k),
     )
