@@ -65,7 +65,7 @@ def readme_figures() -> dict[str, float]:
     """The "measured" row of the README's precision table, by output name."""
     from readme_tables import README
 
-    row = next(line for line in README.read_text().splitlines() if line.startswith("| measured |"))
+    row = next(line.strip() for line in README.read_text().splitlines() if line.strip().startswith("| measured |"))
     return dict(zip(FLA_CLASS, (float(cell) for cell in row.strip("|").split("|")[1:])))
 
 

@@ -1,7 +1,11 @@
-"""Every Triton kernel, at its shipped configuration for K = V = 128, compiles for
-Hopper (sm_90) without a GPU, within the H100/H200 shared-memory limit; sm_100
-too where the installed Triton has that target. The compile runs in a fresh
-process with the interpreter off (the suite runs kernels under TRITON_INTERPRET=1)."""
+"""Every Triton kernel, at its shipped configuration for K = V = 128 and bf16
+inputs, compiles for Hopper (sm_90) without a GPU: within the H100/H200
+shared-memory limit, every kernel with a ``tl.dot`` on tensor cores (``wgmma``
+or ``mma`` in its PTX), and spill stores per thread (ptxas's log) at most 1 KiB,
+except the two kernels listed in ``SPILL_CEILINGS`` at today's figures (the
+1 KiB target is not met there yet: they may not get worse). sm_100 too where
+the installed Triton has that target. The compile runs in a fresh process, with
+a fresh ``TRITON_CACHE_DIR`` (so ptxas runs) and the interpreter off."""
 
 from __future__ import annotations
 
@@ -17,29 +21,78 @@ pytest.importorskip("triton")
 SHARED_MEMORY_LIMIT = 232_448  # bytes of dynamic shared memory per block, H100 / H200
 
 
-def compile_kernels(arch: int) -> list[dict]:
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+SPILL_LIMIT = 1024
+SPILL_CEILINGS = {"bwd_dqkwg_kernel": 4084, "bwd_wy_kernel": 2020}
+"""Spill stores (B/thread) of the kernels still over SPILL_LIMIT, triton 3.9's ptxas."""
+WITH_PRODUCTS = {"prep_kernel", "tape_walk_kernel", "summary_walk_kernel", "summary_walk_kernel[M]", "output_kernel",
+                 "bwd_local_dv_kernel", "adjoint_walk_kernel", "adjoint_summary_kernel", "bwd_dqkwg_kernel",
+                 "bwd_wy_kernel"}
+
+
+def compile_kernels(arch: int, tmp_path, report: bool = False) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "gdn_kcp.kernels.triton.compile_specs", "--arch", str(arch)],
+        [sys.executable, "-m", "gdn_kcp.kernels.triton.compile_specs", "--arch", str(arch),
+         *(["--report"] if report else [])],
         env=env, capture_output=True, text=True, timeout=1200,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
-def test_every_kernel_compiles_for_sm90_within_shared_memory():
+def test_every_kernel_compiles_for_sm90_on_tensor_cores_within_shared_memory_and_spills(tmp_path):
     from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT as shipped_limit
+    from gdn_kcp.kernels.triton.compile_specs import markdown
 
     assert shipped_limit == SHARED_MEMORY_LIMIT
-    rows = compile_kernels(90)
+    rows = compile_kernels(90, tmp_path, report=True)
     assert len(rows) == 16
-    print("\n" + "\n".join(f"sm_90 {r['kernel']:<26s} shared {r['shared']:>7,d} B" for r in rows))
+    print("\n" + markdown(rows))
     over = [r for r in rows if r["shared"] > SHARED_MEMORY_LIMIT]
     assert not over, over
+    assert {r["kernel"] for r in rows if r["products"] != "-"} == WITH_PRODUCTS
+    not_on_tensor_cores = [r["kernel"] for r in rows if r["products"] not in ("-", "wgmma", "mma")]
+    assert not not_on_tensor_cores, not_on_tensor_cores
+    spilling = {r["kernel"]: r["spill_stores"] for r in rows
+                if r["spill_stores"] > SPILL_CEILINGS.get(r["kernel"], SPILL_LIMIT)}
+    assert not spilling, spilling
+    assert all(r["registers"] > 0 for r in rows), rows  # ptxas ran for every kernel (its log was read)
+    readme_rows = readme_kernel_table()
+    if readme_rows is not None:  # the README's table states these figures (its triton's ptxas)
+        assert readme_rows == {r["kernel"]: (r["products"], r["registers"], r["spill_stores"], r["shared"],
+                                             r["num_warps"]) for r in rows}
+
+
+def readme_kernel_table() -> dict | None:
+    """The README's sm_90 kernel table (the one after "ptxas of triton X, sm_90")
+    by kernel name, or None when the installed triton is not X."""
+    import re
+
+    import triton
+    from readme_tables import README
+
+    lines = README.read_text().splitlines()
+    marker = next((i for i, line in enumerate(lines) if re.search(r"ptxas of triton \S+, sm_90", line)), None)
+    if marker is None or re.search(r"ptxas of triton (\S+), sm_90", lines[marker])[1] != triton.__version__:
+        return None
+    rows, started = {}, False
+    for line in lines[marker + 1:]:
+        if not line.strip().startswith("|"):
+            if started:
+                break
+            continue
+        started = True
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "kernel" or set(cells[0]) <= set("-:"):
+            continue
+        name, products, registers, spills, shared, warps = cells
+        rows[name] = (products, int(registers), int(spills.replace(",", "")), int(shared.replace(",", "")),
+                      int(warps))
+    return rows
 
 
 @pytest.mark.skipif(os.environ.get("GDN_KCP_COMPILE_SM100") != "1", reason="set GDN_KCP_COMPILE_SM100=1 (make compile-check)")
-def test_every_kernel_compiles_for_sm100():
-    rows = compile_kernels(100)
+def test_every_kernel_compiles_for_sm100(tmp_path):
+    rows = compile_kernels(100, tmp_path)
     assert len(rows) == 16
     assert all(r["shared"] <= SHARED_MEMORY_LIMIT for r in rows), rows

@@ -14,6 +14,10 @@ from ._common import (BT, acc_dtype, frag_info, head_block, load_state, mm_mode,
 from .adjoint_walk import adjoint_chunk
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def adjoint_summary_kernel(
     q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, nu, scale,
@@ -66,5 +70,5 @@ def adjoint_summary(
         index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, scale, index.n_chunks,
         index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=has_final,
-        GATE=gate_params is not None, ACC=acc_dtype(nu_out), MM=mm_mode(k),
+        GATE=gate_params is not None, ACC=acc_dtype(nu_out), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -16,6 +16,10 @@ from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_qk, load_r
                       pointer, store_rows_cols, store_state, value_block, walk_operands)
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale, H_qk, hk, HV, h, K, V,
                   col, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr):
@@ -93,5 +97,5 @@ def adjoint_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
         HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(dh_out), MM=mm_mode(k),
+        ACC=acc_dtype(dh_out), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

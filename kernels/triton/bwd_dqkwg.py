@@ -13,6 +13,10 @@ from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, hea
                       load_state, mm_mode, pointer, store_rows_cols, value_block)
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def bwd_dqkwg_kernel(
     q, k, g, gate_params, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
@@ -87,5 +91,5 @@ def bwd_dqkwg(
         pointer(k_rstd, g), index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(h), MM=mm_mode(k),
+        ACC=acc_dtype(h), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

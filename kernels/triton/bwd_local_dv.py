@@ -12,6 +12,10 @@ from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_co
                       store_rows_cols, value_block)
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def bwd_local_dv_kernel(
     q, k, g, gate_params, do, dv, q_rstd, k_rstd, chunk_table, scale,
@@ -50,5 +54,5 @@ def bwd_local_dv(
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(dv_out), MM=mm_mode(k),
+        ACC=acc_dtype(dv_out), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

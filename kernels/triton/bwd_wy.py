@@ -16,6 +16,10 @@ from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, hea
                       load_rows_cols, mm_mode, pointer, store_rows_cols, value_block)
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def bwd_wy_kernel(
     k, v, beta, g, gate_params, A, dw, du, k_rstd, chunk_table, dk_acc, dv, dbeta, dg_acc,
@@ -89,5 +93,5 @@ def bwd_wy(
         k, v, beta, g, pointer(gate_params, g), A, dw, du, pointer(k_rstd, g), index.chunk_table,
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd is not None, GATE=gate_params is not None,
-        BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(dk_acc), MM=mm_mode(k),
+        BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(dk_acc), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -13,6 +13,10 @@ from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_co
                       pointer, store_rows_cols, value_block)
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def output_kernel(
     q, k, g, gate_params, h, v_new, o, q_rstd, k_rstd, chunk_table, scale,
@@ -53,5 +57,5 @@ def output(
     output_kernel[(index.n_chunks, HV, triton.cdiv(V, BV))](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, ACC=acc_dtype(h), MM=mm_mode(k),
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, ACC=acc_dtype(h), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

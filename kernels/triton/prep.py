@@ -14,6 +14,10 @@ from ._common import (cast_to, BT, acc_dtype, causal_scores, chunk_rows, head_bl
                       load_rows_cols, lower_dot, mm_mode, pointer, store_rows_cols, value_block)
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def l2_rstd_kernel(x, rstd, T, H, D, EPS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
     """``rstd[t, h] = 1 / sqrt(sum_d x[t, h, d]^2 + eps)``; grid (T / BT, H)."""
@@ -98,5 +102,5 @@ def prep(
         pointer(A_out, w_out), w_out, u_out, pointer(k_rstd_out, w_out),
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd_out is not None, STORE_A=A_out is not None,
-        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=ACC, MM=mm_mode(k),
+        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=ACC, MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -16,6 +16,10 @@ BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def summary_walk_kernel(
     k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k,
@@ -82,5 +86,5 @@ def summary_walk(
             initial_state if has_initial else g, out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
-            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out), MM=mm_mode(k),
+            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -13,6 +13,10 @@ from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols,
                       store_rows_cols, store_state, value_block, walk_operands)
 
 
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
 @triton.jit
 def tape_walk_kernel(
     k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
@@ -72,5 +76,5 @@ def tape_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_INITIAL=initial_state is not None,
         HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(h_out), MM=mm_mode(k),
+        ACC=acc_dtype(h_out), MM=mm_mode(k), num_warps=NUM_WARPS,
     )
