@@ -168,6 +168,16 @@ def load_beta(beta, tok, m_t, H, h, BETA_SIGMOID: tl.constexpr, BETA_SCALE: tl.c
 
 
 @triton.jit
+def load_qk_cols(ptr, rstd, tok, m_t, H_qk, hk, K, col0, BD: tl.constexpr, HAS_NORM: tl.constexpr,
+                 ACC: tl.constexpr):
+    """Columns ``[col0, col0 + BD)`` of :func:`load_qk`'s rows (a K block)."""
+    x = load_rows_cols(ptr, tok, m_t, H_qk, hk, K, col0, BD, ACC)
+    if HAS_NORM:
+        x = x * tl.load(rstd + tok * H_qk + hk, mask=m_t, other=0.0).to(ACC)[:, None]
+    return x
+
+
+@triton.jit
 def load_qk(ptr, rstd, tok, m_t, H_qk, hk, K, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
     """q or k rows of key head ``hk``, L2-normalised when ``HAS_NORM``."""
     x = load_rows(ptr, tok, m_t, H_qk, hk, K, BK, ACC)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk,
+from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk_cols,
                       load_rows_cols, mm_mode, pointer, store_rows_cols, value_block)
 
 
@@ -24,8 +24,8 @@ NUM_WARPS = 8
 def bwd_wy_kernel(
     k, v, beta, g, gate_params, A, dw, du, k_rstd, chunk_table, dk_acc, dv, dbeta, dg_acc,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
-    BETA_SIGMOID: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+    GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
     BETA_SCALE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
@@ -34,13 +34,21 @@ def bwd_wy_kernel(
     tok = start + o_t
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, dbeta_dinput = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
-    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
     b_A = load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC)
-    b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, 0, BK, ACC)
     beta_gamma = b_beta * tl.exp(G)
-    At_dw = dot(tl.trans(b_A), b_dw, MM)
-    w_dot_k = tl.sum(At_dw * b_k, 1)
-    dA = dot(b_dw, tl.trans(beta_gamma[:, None] * b_k), MM)
+    # K in blocks of BKS = 32 columns, in two passes: with whole [BT, 128] tiles of
+    # k, dw and A^T dw it spilled 2,020 B per thread on sm_90, 1,456 with 64-column
+    # blocks, 760 with 32 (compile_specs --report)
+    w_dot_k = tl.zeros([BT], dtype=ACC)
+    dA = tl.zeros([BT, BT], dtype=ACC)
+    kkt = tl.zeros([BT, BT], dtype=ACC)
+    for c0 in tl.static_range(0, BK, BKS):
+        b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
+        b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC)
+        At_dw = dot(tl.trans(b_A), b_dw, MM)
+        w_dot_k += tl.sum(At_dw * b_k, 1)
+        dA += dot(b_dw, tl.trans(beta_gamma[:, None] * b_k), MM)
+        kkt += dot(b_k, tl.trans(b_k), MM)
     u_dot_v = tl.zeros([BT], dtype=ACC)
     for col in range(0, V, BV):
         b_v = load_rows_cols(v, tok, m_t, HV, i_h, V, col, BV, ACC)
@@ -52,14 +60,16 @@ def bwd_wy_kernel(
     o_i = tl.arange(0, BT)
     dL = tl.where(o_i[:, None] > o_i[None, :], -dot(dot(tl.trans(b_A), dA, MM), tl.trans(b_A), MM), 0.0)
     dL_decayed = dL * causal_decay(b_g, True)
-    kkt = dot(b_k, tl.trans(b_k), MM)
     through_L = dL_decayed * kkt * b_beta[:, None]  # dL * L
     dKk = b_beta[:, None] * dL_decayed
-    b_dk = beta_gamma[:, None] * At_dw + dot(dKk + tl.trans(dKk), b_k, MM)
+    for c0 in tl.static_range(0, BK, BKS):
+        b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
+        At_dw = dot(tl.trans(b_A), load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC), MM)
+        b_dk = beta_gamma[:, None] * At_dw + dot(dKk + tl.trans(dKk), b_k, MM)
+        b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, c0, BKS, ACC)
+        store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, c0, BKS)
     b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + tl.sum(dL_decayed * kkt, 1)
     dG = beta_gamma * w_dot_k + tl.sum(through_L, 1) - tl.sum(through_L, 0)
-    b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, 0, BK, ACC)
-    store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, 0, BK)
     dG += tl.load(dg_acc + tok * HV + i_h, mask=m_t, other=0.0).to(ACC)
     tl.store(dg_acc + tok * HV + i_h, cast_to(dG, dg_acc), mask=m_t)
     tl.store(dbeta + tok * HV + i_h, cast_to(b_dbeta * dbeta_dinput, dbeta), mask=m_t)
@@ -92,6 +102,7 @@ def bwd_wy(
     bwd_wy_kernel[(index.n_chunks, HV)](
         k, v, beta, g, pointer(gate_params, g), A, dw, du, pointer(k_rstd, g), index.chunk_table,
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd is not None, GATE=gate_params is not None,
+        BT=BT, BK=head_block(K), BKS=min(32, head_block(K)), BV=value_block(V), HAS_NORM=k_rstd is not None,
+        GATE=gate_params is not None,
         BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(dk_acc), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -84,7 +84,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("adjoint_walk_kernel", adjoint_walk_kernel, dict(walk, HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
         ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, walk),
-        ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, **beta)),
+        ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, BKS=min(32, BK), **beta)),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
         ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT_NORM, BK=BK, HAS_NORM=True, ACC=tl.float32)),
         ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),
