@@ -237,6 +237,16 @@ def load_state(ptr, row, H, h, K, V, col0, BK: tl.constexpr, BV: tl.constexpr, A
 
 
 @triton.jit
+def load_state_rows(ptr, row, H, h, K, V, k0, col0, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr):
+    """``[BK, BV]`` tile (rows from ``k0``, columns from ``col0``) of state ``row``
+    of an ``[N, H, K, V]`` tensor: a K block of :func:`load_state`."""
+    o_k = k0 + tl.arange(0, BK)
+    o_v = col0 + tl.arange(0, BV)
+    p = ptr + ((row * H + h).to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :]
+    return tl.load(p, mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0).to(ACC)
+
+
+@triton.jit
 def store_state(ptr, x, row, H, h, K, V, col0, BK: tl.constexpr, BV: tl.constexpr):
     o_k = tl.arange(0, BK)
     o_v = col0 + tl.arange(0, BV)

@@ -9,10 +9,15 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk, load_rows_cols,
-                      load_state, mm_mode, pointer, store_rows_cols, value_block)
+from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk_cols, load_rows_cols,
+                      load_state_rows, mm_mode, pointer, store_rows_cols)
 
 
+BKS_DQKWG = 32
+BV_DQKWG = 16
+"""K and V blocks: spill stores per thread on sm_90 (compile_specs --report) were
+4,084 B with whole K and 64-wide V blocks, 3,548 with 32-wide K blocks, 1,520
+with 32 / 32 and 964 with 32 / 16."""
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 
@@ -21,42 +26,54 @@ NUM_WARPS = 8
 def bwd_dqkwg_kernel(
     q, k, g, gate_params, h, v_new, do, dh, dv_new, q_rstd, k_rstd, chunk_table, dq, dk, dw, dg, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
     b_g, G, tail = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
-    b_q = load_qk(q, q_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
-    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, i_hk, K, BK, HAS_NORM, ACC)
-    do_S0 = tl.zeros([BT, BK], dtype=ACC)  # dO S0^T
     do_vn = tl.zeros([BT, BT], dtype=ACC)  # dO Vn^T
-    vn_dS = tl.zeros([BT, BK], dtype=ACC)  # Vn dS^T
-    b_dw = tl.zeros([BT, BK], dtype=ACC)  # -dVn S0^T
-    dS_S0 = tl.zeros([BK, BV], dtype=ACC)  # <dS, S0>, summed at the end
     for col in range(0, V, BV):
-        S0 = load_state(h, i_c, HV, i_h, K, V, col, BK, BV, ACC)
-        dS = load_state(dh, i_c, HV, i_h, K, V, col, BK, BV, ACC)
         b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
-        b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
-        b_dvn = load_rows_cols(dv_new, tok, m_t, HV, i_h, V, col, BV, ACC)
-        do_S0 += dot(b_do, tl.trans(S0), MM)
-        do_vn += dot(b_do, tl.trans(b_vn), MM)
-        vn_dS += dot(b_vn, tl.trans(dS), MM)
-        b_dw -= dot(b_dvn, tl.trans(S0), MM)
-        dS_S0 += dS * S0
+        do_vn += dot(b_do, tl.trans(load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)), MM)
     gamma = tl.exp(G)
-    dq_state = scale * gamma[:, None] * do_S0
+    gamma_ratio = tl.exp(tail)  # gamma_C / gamma
     dscores = scale * do_vn * causal_decay(b_g, False)  # dP * D
-    dk_end = tl.exp(tail)[:, None] * vn_dS
-    store_rows_cols(dq, dq_state + dot(dscores, b_k, MM), tok, m_t, HV, i_h, K, 0, BK)
-    store_rows_cols(dk, dot(tl.trans(dscores), b_q, MM) + dk_end, tok, m_t, HV, i_h, K, 0, BK)
-    store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, 0, BK)
-    through_scores = dscores * dot(b_q, tl.trans(b_k), MM)  # dP * P
-    through_end = tl.sum(dk_end * b_k, 1)
-    dG = tl.sum(dq_state * b_q, 1) + tl.sum(through_scores, 1) - tl.sum(through_scores, 0) - through_end
-    d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(tl.sum(dS_S0, 1), 0)
+    # K in blocks of BKS columns: whole [BT, 128] fp32 tiles of q, k, dO S0^T,
+    # Vn dS^T and dw spilled 4,084 B per thread on sm_90 (compile_specs --report)
+    qk = tl.zeros([BT, BT], dtype=ACC)
+    dG = tl.zeros([BT], dtype=ACC)
+    through_end = tl.zeros([BT], dtype=ACC)
+    dS_S0 = tl.zeros([BV], dtype=ACC)  # <dS, S0>, summed at the end
+    for c0 in tl.static_range(0, BK, BKS):
+        b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
+        b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
+        do_S0 = tl.zeros([BT, BKS], dtype=ACC)  # dO S0^T
+        vn_dS = tl.zeros([BT, BKS], dtype=ACC)  # Vn dS^T
+        b_dw = tl.zeros([BT, BKS], dtype=ACC)  # -dVn S0^T
+        for col in range(0, V, BV):
+            S0 = load_state_rows(h, i_c, HV, i_h, K, V, c0, col, BKS, BV, ACC)
+            dS = load_state_rows(dh, i_c, HV, i_h, K, V, c0, col, BKS, BV, ACC)
+            b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
+            b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
+            b_dvn = load_rows_cols(dv_new, tok, m_t, HV, i_h, V, col, BV, ACC)
+            do_S0 += dot(b_do, tl.trans(S0), MM)
+            vn_dS += dot(b_vn, tl.trans(dS), MM)
+            b_dw -= dot(b_dvn, tl.trans(S0), MM)
+            dS_S0 += tl.sum(dS * S0, 0)
+        dq_state = scale * gamma[:, None] * do_S0
+        dk_end = gamma_ratio[:, None] * vn_dS
+        store_rows_cols(dq, dq_state + dot(dscores, b_k, MM), tok, m_t, HV, i_h, K, c0, BKS)
+        store_rows_cols(dk, dot(tl.trans(dscores), b_q, MM) + dk_end, tok, m_t, HV, i_h, K, c0, BKS)
+        store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, c0, BKS)
+        qk += dot(b_q, tl.trans(b_k), MM)
+        dG += tl.sum(dq_state * b_q, 1)
+        through_end += tl.sum(dk_end * b_k, 1)
+    through_scores = dscores * qk  # dP * P
+    dG += tl.sum(through_scores, 1) - tl.sum(through_scores, 0) - through_end
+    d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(dS_S0, 0)
     dG += tl.where(o_t == length - 1, d_last, 0.0)
     tl.store(dg + tok * HV + i_h, cast_to(dG, dg), mask=m_t)
 
@@ -90,6 +107,7 @@ def bwd_dqkwg(
         q, k, g, pointer(gate_params, g), h, v_new, do, dh, dv_new, pointer(q_rstd, g),
         pointer(k_rstd, g), index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
         index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        BT=BT, BK=head_block(K), BKS=BKS_DQKWG, BV=BV_DQKWG, HAS_NORM=q_rstd is not None,
+        GATE=gate_params is not None,
         ACC=acc_dtype(h), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 from ._common import BT, head_block, value_block
 from .adjoint_summary import adjoint_summary_kernel
 from .adjoint_walk import adjoint_walk_kernel
-from .bwd_dqkwg import bwd_dqkwg_kernel
+from .bwd_dqkwg import BKS_DQKWG, BV_DQKWG, bwd_dqkwg_kernel
 from .bwd_gate_cumsum import bwd_gate_cumsum_kernel
 from .bwd_local_dv import bwd_local_dv_kernel
 from .bwd_qk_norm import BT_NORM, bwd_qk_norm_kernel
@@ -83,7 +83,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("bwd_local_dv_kernel", bwd_local_dv_kernel, walk),
         ("adjoint_walk_kernel", adjoint_walk_kernel, dict(walk, HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
-        ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, walk),
+        ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, dict(walk, BKS=BKS_DQKWG, BV=BV_DQKWG)),
         ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, BKS=min(32, BK), **beta)),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
         ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT_NORM, BK=BK, HAS_NORM=True, ACC=tl.float32)),
