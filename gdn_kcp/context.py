@@ -390,6 +390,13 @@ def capped_context(
     )
 
 
+def group_from_name(group_name: str):
+    """The process group registered under ``group_name`` (what the ops take)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
+
+
 def context_from_meta(
     meta: list[int], chunk_table: torch.Tensor, frag_table: torch.Tensor, group_name: str
 ) -> KcpContext:
@@ -408,11 +415,7 @@ def context_from_meta(
                 chain.append(rank_next[chain[-1]])
             chains.append(tuple(chain))
     index = ChunkIndex(chunk_table, frag_table, n_tokens, n_chunks, n_frag, max_frag_chunks)
-    group = None
-    if group_name:  # empty for a single rank, or for a context only asked byte queries
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        group = _resolve_process_group(group_name)
+    group = group_from_name(group_name) if group_name else None  # empty: one rank, or byte queries only
     return KcpContext(
         R=R, rank=rank, group=group, group_name=group_name,
         rank_ranges=tuple((flat[2 * r], flat[2 * r + 1]) for r in range(R)), n_docs=n_docs,

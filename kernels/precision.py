@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import torch
 
-MODES = ("bf16", "fp16", "tf32", "ieee")
-
-
 def matmul_mode(dtype: torch.dtype) -> str:
     """``"bf16"``, ``"fp16"``, ``"tf32"`` or ``"ieee"``: how the products of a
     call on ``dtype`` inputs run."""

@@ -17,23 +17,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gdn_kcp.context import KcpContext
+from gdn_kcp.context import KcpContext, group_from_name
 from gdn_kcp.exchange.counting import count
 from gdn_kcp.queries.comm import halo_comm_bytes, halo_rounds  # noqa: F401  (halo_comm_bytes: re-exported)
 from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, crosses, last_real_fragment
-
-
-def _group(group_name: str):
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name)
 
 
 def _shift(x: Tensor, group_name: str, R: int, rank: int, step: int, name: str) -> Tensor:
     """Send ``x`` to ``rank + step`` and receive the same shape from ``rank - step``
     (zeros where that rank does not exist)."""
     out = torch.zeros_like(x)
-    group, ops = _group(group_name), []
+    group, ops = group_from_name(group_name), []
     if 0 <= rank + step < R:
         ops.append(dist.P2POp(dist.isend, x.contiguous(), group=group, group_peer=rank + step))
         count(name, [x], [])

@@ -32,6 +32,11 @@ def _programs(x: Tensor):
     return programs_for(x.device)
 
 
+def _reach(x: Tensor, weight: Tensor, doc_starts: Tensor, halo: Tensor | None) -> Tensor:
+    """How many rows back each token of ``x`` may read (:func:`conv_reach`)."""
+    return conv_reach(doc_starts, x.shape[0], weight.shape[1], 0 if halo is None else halo.shape[0])
+
+
 def _joined(parts: list[Tensor]) -> Tensor | None:
     return (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
 
@@ -45,8 +50,7 @@ def short_conv_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], doc_st
     local document starts, the first 0); halo ``[W - 1, D]`` or None."""
     y = torch.empty_like(x)
     weight = _joined(weights)
-    reach = conv_reach(doc_starts, x.shape[0], weight.shape[1], 0 if halo is None else halo.shape[0])
-    _programs(x).short_conv_fwd(x, weight, _joined(biases), reach, halo, y_out=y)
+    _programs(x).short_conv_fwd(x, weight, _joined(biases), _reach(x, weight, doc_starts, halo), halo, y_out=y)
     return y
 
 
@@ -59,8 +63,7 @@ def short_conv_bwd_op(dy: Tensor, x: Tensor, weights: list[Tensor], biases: list
     dx, dweight = torch.empty_like(x), torch.empty_like(weight)
     dbias = torch.empty_like(bias) if bias is not None else x.new_empty(0)
     dhalo = torch.empty_like(halo) if halo is not None else x.new_empty(0)
-    reach = conv_reach(doc_starts, x.shape[0], weight.shape[1], 0 if halo is None else halo.shape[0])
-    _programs(x).short_conv_bwd(dy.contiguous(), x, weight, bias, reach, halo, dx_out=dx, dweight_out=dweight,
+    _programs(x).short_conv_bwd(dy.contiguous(), x, weight, bias, _reach(x, weight, doc_starts, halo), halo, dx_out=dx, dweight_out=dweight,
                                 dbias_out=dbias if bias is not None else None,
                                 dhalo_out=dhalo if halo is not None else None)
     return dx, dweight, dbias, dhalo

@@ -99,14 +99,6 @@ def chunk_rows(chunk_table, n_chunks, c, BT: tl.constexpr):
 
 
 @triton.jit
-def load_rows(ptr, tok, m_t, H, h, D, BD: tl.constexpr, ACC: tl.constexpr):
-    """Rows ``tok`` of head ``h`` of a ``[T, H, D]`` tensor as ``[BT, BD]`` (zero padded)."""
-    o_d = tl.arange(0, BD)
-    p = ptr + (tok[:, None] * H + h) * D + o_d[None, :]
-    return tl.load(p, mask=m_t[:, None] & (o_d[None, :] < D), other=0.0).to(ACC)
-
-
-@triton.jit
 def load_rows_cols(ptr, tok, m_t, H, h, D, col0, BD: tl.constexpr, ACC: tl.constexpr):
     """Columns ``[col0, col0 + BD)`` of rows ``tok`` of head ``h`` of ``[T, H, D]``."""
     o_d = col0 + tl.arange(0, BD)
@@ -180,10 +172,7 @@ def load_qk_cols(ptr, rstd, tok, m_t, H_qk, hk, K, col0, BD: tl.constexpr, HAS_N
 @triton.jit
 def load_qk(ptr, rstd, tok, m_t, H_qk, hk, K, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
     """q or k rows of key head ``hk``, L2-normalised when ``HAS_NORM``."""
-    x = load_rows(ptr, tok, m_t, H_qk, hk, K, BK, ACC)
-    if HAS_NORM:
-        x = x * tl.load(rstd + tok * H_qk + hk, mask=m_t, other=0.0).to(ACC)[:, None]
-    return x
+    return load_qk_cols(ptr, rstd, tok, m_t, H_qk, hk, K, 0, BK, HAS_NORM, ACC)
 
 
 @triton.jit

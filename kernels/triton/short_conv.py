@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast_to, acc_dtype
+from ._common import acc_dtype, cast_to, pointer
 
 BT_CONV = 32
 BD_CONV = 64  # 128 channels took 168 registers and spilled 2,552 B per thread in the dx backward (sm_90)
@@ -131,7 +131,7 @@ def short_conv_fwd(x, weight, bias, reach, halo, *, y_out: torch.Tensor) -> None
     W = weight.shape[1]
     grid = (triton.cdiv(T, BT_CONV), triton.cdiv(D, BD_CONV))
     short_conv_fwd_kernel[grid](
-        x, weight, bias if bias is not None else weight, reach, halo if halo is not None else x, y_out, T, D,
+        x, weight, pointer(bias, weight), reach, pointer(halo, x), y_out, T, D,
         W=W, HAS_BIAS=bias is not None, HAS_HALO=halo is not None, BT=BT_CONV, BD=BD_CONV, ACC=acc_dtype(x),
     )
 
@@ -142,9 +142,9 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
     W = weight.shape[1]
     flags = dict(W=W, HAS_BIAS=bias is not None, HAS_HALO=halo is not None, BT=BT_CONV, BD=BD_CONV,
                  ACC=acc_dtype(x))
-    args = (x, weight, bias if bias is not None else weight, reach, halo if halo is not None else x, dy)
+    args = (x, weight, pointer(bias, weight), reach, pointer(halo, x), dy)
     grid = (triton.cdiv(T + W - 1, BT_CONV), triton.cdiv(D, BD_CONV))
-    short_conv_bwd_dx_kernel[grid](*args, dx_out, dhalo_out if dhalo_out is not None else dx_out, T, D, **flags)
+    short_conv_bwd_dx_kernel[grid](*args, dx_out, pointer(dhalo_out, dx_out), T, D, **flags)
     programs = max(1, triton.cdiv(T, BT_CONV * DW_BLOCKS))
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     dw_part = torch.empty(programs, D, W, dtype=cdt, device=x.device)
