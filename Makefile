@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate compile-check compile-report gpu-check clean
+.PHONY: demo test bench-cpu mutate compile-check compile-report roofline gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ compile-check: $(VENV)/.test
 # Not CI: registers, spills and tensor-core use of every kernel for sm_90 (ptxas log and PTX; minutes).
 compile-report: $(VENV)/.test
 	TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$(mktemp -d) $(PY) -m gdn_kcp.kernels.triton.compile_specs --report
+
+# Not CI: static H200 estimate of one forward+backward, ours and FLA's (compiles every kernel for sm_90; minutes).
+# FLA_SITE=DIR adds fla-core from a `pip install --target DIR` (else FLA is included when `fla` imports).
+roofline: $(VENV)/.test
+	TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$(mktemp -d) $(PY) benchmarks/roofline.py $(if $(FLA_SITE),--fla $(FLA_SITE))
 
 # On a GPU machine only (uses the machine's torch and triton).
 gpu-check:

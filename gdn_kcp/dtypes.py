@@ -1,12 +1,16 @@
-"""The input dtypes and the compute dtype rule, in one place: fp64 inputs
-compute (and keep tapes, states and boundary messages) in fp64, the oracle's
-precision; every other input dtype computes in fp32. Every byte query and
-``WorkspaceKcp`` reads its ``dtype=`` through :func:`compute_dtype`, so each
-refuses a dtype the calls do not take."""
+"""The input dtypes and the dtype rules of every buffer, in one place (DESIGN
+§5.2): fp64 inputs compute (and keep tapes, states and boundary messages) in
+fp64, the oracle's precision; every other input dtype computes in fp32, and
+the buffers of :data:`INPUT_DTYPE_BUFFERS` are stored in the input dtype. Every
+byte query and ``WorkspaceKcp`` reads its ``dtype=`` through
+:func:`compute_dtype` / :func:`buffer_dtype`, so each refuses a dtype the
+calls do not take."""
 
 from __future__ import annotations
 
 import torch
+
+from gdn_kcp.kernels.precision import accumulator_dtype
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 """The input dtypes of every public function."""
@@ -25,7 +29,33 @@ def check_input_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The compute dtype of inputs of ``dtype`` (checked by :func:`check_input_dtype`)."""
-    return torch.float64 if check_input_dtype(dtype) == torch.float64 else torch.float32
+    return accumulator_dtype(check_input_dtype(dtype))
+
+
+INPUT_DTYPE_BUFFERS = ("A", "w", "v_new", "h", "dh", "dv_new", "dq_heads", "dk_heads", "dw")
+"""Buffers stored in the input dtype (bf16 / fp16 inputs; fp32 and fp64 inputs
+keep them in the compute dtype, which is then the input dtype): the forward
+tapes A, w, v_new (u until the tape walk) and h, and the backward's dh, dv_new
+and per-value-head dq, dk, dw, as flash-linear-attention keeps them. Each is a
+product's output that later programs read as a matrix-product operand, which
+the precision rule rounds to the input dtype there anyway, so storing it
+rounded moves half the bytes and changes only the other reads: u in
+``v_new = u - W S``, h and dh in the gate gradient's ``<dh, h>``, the local dv
+and dk that later programs complete in place (rounded twice), and the GVA sum
+of dq / dk (in fp32, over rounded terms). The programs that write a buffer keep
+using their fp32 values, the walks their fp32 states. Measured at bf16 against
+the fp64 oracle (tests/test_precision.py, the README's table; relative RMS,
+with these buffers in fp32 -> in bf16): o 4.07e-3 -> 4.31e-3, final state
+2.06e-3 -> 2.33e-3, dq 3.95e-3 -> 4.49e-3, dk 4.26e-3 -> 5.19e-3, dv 3.96e-3 ->
+4.00e-3, dg 3.94e-3 -> 4.46e-3, dbeta 4.29e-3 -> 4.59e-3, d initial state
+0.80e-3 -> 0.80e-3: every output within FLA's classes (5e-3 for o and the
+final state, 8e-3 for dq / dk / dv). The gate cumsums and their gradient, q/k
+norms, states and boundary messages stay in the compute dtype."""
+
+
+def buffer_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of workspace pool or saved tensor ``name`` for ``dtype`` inputs."""
+    return check_input_dtype(dtype) if name in INPUT_DTYPE_BUFFERS else compute_dtype(dtype)
 
 
 def compute_element_size(dtype: torch.dtype) -> int:

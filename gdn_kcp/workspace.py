@@ -16,7 +16,7 @@ import torch
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.options import OptionsKcp
-from gdn_kcp.dtypes import compute_dtype
+from gdn_kcp.dtypes import check_input_dtype
 from gdn_kcp.queries.layout import CallLayout, WorkspaceLayout, gdn_workspace_layout_kcp, phase_peaks
 from gdn_kcp.queries.shapes import numel
 
@@ -156,7 +156,7 @@ class WorkspaceKcp:
         device: torch.device | str | None = None,
     ) -> None:
         self.options = options or OptionsKcp()
-        self.key = (ctx.layout_key, H_qk, HV, K, V, compute_dtype(dtype), self.options)
+        self.key = (ctx.layout_key, H_qk, HV, K, V, check_input_dtype(dtype), self.options)
         self.layout: WorkspaceLayout = gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
         self.storage = torch.empty(self.layout.bytes, dtype=torch.uint8, device=device)
         self.nbytes = self.layout.bytes

@@ -15,6 +15,13 @@ from __future__ import annotations
 
 import torch
 
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype states, accumulators and fp32 tapes take for ``dtype`` inputs:
+    fp64 for fp64 inputs, else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def matmul_mode(dtype: torch.dtype) -> str:
     """``"bf16"``, ``"fp16"``, ``"tf32"`` or ``"ieee"``: how the products of a
     call on ``dtype`` inputs run."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from gdn_inputs import make_inputs
 
+from gdn_kcp.dtypes import buffer_dtype
 from gdn_kcp.kernels import CHUNK_SIZE, CROSSING_IN, CROSSING_OUT, ChunkIndex
 from gdn_kcp.kernels import torch as torch_programs
 from gdn_kcp.kernels.chunk_index import capped_index
@@ -45,15 +46,16 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     index, N = build_index(bounds, crossing, capped, device)
     cdt = torch.float64 if dtype == torch.float64 else torch.float32
 
-    def new(*shape):
-        return torch.zeros(shape, dtype=cdt, device=device)
+    def new(*shape, pool: str = ""):
+        """A buffer in the dtype of workspace pool ``pool`` (the compute dtype by default)."""
+        return torch.zeros(shape, dtype=buffer_dtype(pool, dtype) if pool else cdt, device=device)
 
     def randn(*shape):
         return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=cdt)
 
     out: dict[str, torch.Tensor] = {}
     norms = dict(q_rstd=new(T, H_qk), k_rstd=new(T, H_qk)) if l2 else dict(q_rstd=None, k_rstd=None)
-    out.update(A=new(T, HV, CHUNK_SIZE), w=new(T, HV, K), u=new(T, HV, V))
+    out.update(A=new(T, HV, CHUNK_SIZE, pool="A"), w=new(T, HV, K, pool="w"), u=new(T, HV, V, pool="v_new"))
     programs.prep(q, k, v, g, beta, index, A_out=out["A"], w_out=out["w"], u_out=out["u"],
                   q_rstd_out=norms["q_rstd"], k_rstd_out=norms["k_rstd"])
     if l2:
@@ -64,7 +66,7 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
                           s_loc_out=summary[..., :V], m_out=summary[..., V:])
     out["summary"] = summary
     s_in = randn(1, HV, K, V) if crossing else None
-    out.update(h=new(index.n_chunks, HV, K, V), v_new=out["u"].clone(), final=new(N, HV, K, V))
+    out.update(h=new(index.n_chunks, HV, K, V, pool="h"), v_new=out["u"].clone(), final=new(N, HV, K, V))
     programs.tape_walk(k, out["w"], out["v_new"], g, index, k_rstd=norms["k_rstd"],
                        initial_state=state0, s_in=s_in, h_out=out["h"], v_new_out=out["v_new"],
                        final_state_out=out["final"])
@@ -73,18 +75,19 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     programs.output(q, k, g, out["h"], out["v_new"], index, scale=scale, o_out=out["o"], **norms)
 
     do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
-    out["dv_local"] = new(T, HV, V)
+    out["dv_local"] = new(T, HV, V, pool="dv_new")
     programs.bwd_local_dv(q, k, g, do, index, scale=scale, dv_out=out["dv_local"], **norms)
     d_final = randn(N, HV, K, V)  # rows f: with crossing, the last row is not read
     out["nu"] = new(1, HV, K, V)
     programs.adjoint_summary(q, k, out["w"], g, do, out["dv_local"], index, scale=scale,
                              d_final_state=d_final, nu_out=out["nu"], **norms)
     lam = randn(1, HV, K, V) if crossing else None
-    out.update(dh=new(index.n_chunks, HV, K, V), dv_new=out["dv_local"].clone(), d_initial=new(N, HV, K, V))
+    out.update(dh=new(index.n_chunks, HV, K, V, pool="dh"), dv_new=out["dv_local"].clone(), d_initial=new(N, HV, K, V))
     programs.adjoint_walk(q, k, out["w"], g, do, out["dv_new"], index, scale=scale,
                           d_final_state=d_final, lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"],
                           d_initial_state_out=out["d_initial"], **norms)
-    out.update(dq_heads=new(T, HV, K), dk_heads=new(T, HV, K), dw=new(T, HV, K), dgcum=new(T, HV))
+    out.update(dq_heads=new(T, HV, K, pool="dq_heads"), dk_heads=new(T, HV, K, pool="dk_heads"),
+               dw=new(T, HV, K, pool="dw"), dgcum=new(T, HV))
     programs.bwd_dqkwg(q, k, g, out["h"], out["v_new"], do, out["dh"], out["dv_new"], index,
                        scale=scale, dq_out=out["dq_heads"], dk_out=out["dk_heads"], dw_out=out["dw"],
                        dg_out=out["dgcum"], **norms)

@@ -26,7 +26,7 @@ def symbols(options: OptionsKcp) -> dict[str, object]:
     ctx = example_context()
     HV = EXAMPLE_SHAPES["HV"]
     return dict(
-        T=ctx.n_tokens, NC=ctx.index.n_chunks, C=64, e=4, R=ctx.R, **EXAMPLE_SHAPES,
+        T=ctx.n_tokens, NC=ctx.index.n_chunks, C=64, e=4, t=EXAMPLE_DTYPE.itemsize, R=ctx.R, **EXAMPLE_SHAPES,
         s_owner=ctx.owner_heads(HV), s_pad=ctx.padded_heads(HV),
         n_in=ctx.n_in, n_out=ctx.n_out, mid=ctx.rank_middle[ctx.rank], n_mid=sum(ctx.rank_middle),
         N_in=sum(ctx.rank_n_in), N_out=sum(ctx.rank_n_out), st=int(options.save_transfer), align=align,

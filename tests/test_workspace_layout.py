@@ -11,7 +11,8 @@ import pytest
 import torch
 from arena_cases import valid_options
 
-from gdn_kcp import OptionsKcp, gdn_det_workspace_bytes_kcp, gdn_workspace_bytes_kcp, gdn_workspace_layout_kcp
+from gdn_kcp import (OptionsKcp, gdn_det_workspace_bytes_kcp, gdn_saved_layout_kcp, gdn_workspace_bytes_kcp,
+                     gdn_workspace_layout_kcp)
 from gdn_kcp.context import context_from_split, default_ranges
 from gdn_kcp.queries.layout import _lifetimes
 
@@ -73,11 +74,26 @@ def test_full_mode_moves_tapes_out_of_the_backward_workspace():
     assert full.bwd.bytes < light.bwd.bytes and full.fwd.bytes < light.fwd.bytes
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_tapes_and_backward_buffers_in_the_input_dtype_everything_else_in_the_compute_dtype(dtype):
+    ctx = context_from_split([0, 130], default_ranges(130, 1), 0)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    layout = gdn_workspace_layout_kcp(ctx, 1, 2, 64, 64, dtype=dtype)  # light: the backward recomputes the tapes
+    pools = {**layout.fwd.pools, **layout.bwd.pools}
+    saved = gdn_saved_layout_kcp(ctx, 1, 2, 64, 64, dtype=dtype, options=OptionsKcp(save_mode="full"))
+    assert {"A", "w", "v_new", "h", "dh", "dq_heads"} <= set(pools) and {"A", "w", "v_new", "h"} <= set(saved)
+    for name, spec in [*pools.items(), *saved.items()]:
+        narrow = name in ("A", "w", "v_new", "h", "dh", "dv_new", "dq_heads", "dk_heads", "dw")
+        assert spec.dtype == (dtype if narrow else compute), name
+    assert saved["h"].nbytes == 3 * 2 * 64 * 64 * dtype.itemsize
+
+
 def test_fp64_doubles_and_det_twin_matches():
     ctx = context_from_split([0, 130], default_ranges(130, 1), 0)
+    # bf16 and fp16 tapes take half the bytes of fp32 ones, and the same as each other
     assert gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64, dtype=torch.bfloat16) == gdn_workspace_bytes_kcp(
-        ctx, 1, 2, 64, 64
-    )
+        ctx, 1, 2, 64, 64, dtype=torch.float16
+    ) < gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64)
     assert gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64, dtype=torch.float64) > gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64)
     assert gdn_det_workspace_bytes_kcp(ctx, 1, 2, 64, 64) == gdn_workspace_bytes_kcp(ctx, 1, 2, 64, 64)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.exchange import backward_a2a, backward_ring
 from gdn_kcp.options import save_plan
 
@@ -104,7 +105,7 @@ def host_backward(
     dh = arena.bind("dh")
     d_initial_state = None
     if n_initial_states is not None:
-        d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=tapes.w.dtype, device=q.device)
+        d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=compute_dtype(q.dtype), device=q.device)
     call.programs.adjoint_walk(
         q, k, tapes.w, g, do, dv_new, call.index,
         scale=call.scale, d_final_state=d_final_state,

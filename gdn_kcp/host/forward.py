@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gdn_kcp.context import KcpContext
+from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.exchange import forward_a2a, forward_ring
 from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.options import OptionsKcp, save_plan
@@ -177,7 +178,8 @@ def host_forward(
     arena.phase("fwd.phase.walk")
     final_state = None
     if n_final_states is not None:
-        final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=tapes.w.dtype, device=q.device)
+        final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=compute_dtype(q.dtype),
+                                  device=q.device)
     run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=final_state)
     if s_in is not None:
         buffers.drop("s_in")

@@ -35,9 +35,9 @@ def check_workspace(workspace: object, ctx: KcpContext, H_qk: int, HV: int, K: i
         return
     if not isinstance(workspace, WorkspaceKcp):
         raise TypeError(f"workspace must be a WorkspaceKcp or None, got {type(workspace).__name__}")
-    wanted = (ctx.layout_key, H_qk, HV, K, V, compute_dtype(dtype), options)
+    wanted = (ctx.layout_key, H_qk, HV, K, V, dtype, options)
     if workspace.key != wanted:
-        names = ("ctx.layout_key", "H_qk", "HV", "K", "V", "compute dtype", "options")
+        names = ("ctx.layout_key", "H_qk", "HV", "K", "V", "dtype", "options")
         diffs = [f"{n}: {a!r} vs {b!r}" for n, a, b in zip(names, workspace.key, wanted) if a != b]
         raise ValueError(f"workspace was made for another call ({'; '.join(diffs)})")
 

@@ -15,7 +15,7 @@ from typing import Mapping
 import torch
 
 from gdn_kcp.context import KcpContext
-from gdn_kcp.dtypes import compute_dtype
+from gdn_kcp.dtypes import buffer_dtype, check_input_dtype, compute_dtype
 from gdn_kcp.options import OptionsKcp
 
 from .schedule import backward_events, forward_events
@@ -190,16 +190,17 @@ def place_pools(events, sizes: Mapping[str, int], graph: bool, target: int) -> d
 
 def _call_layout(call: str, events, d: Dims) -> CallLayout:
     shapes = pool_shapes(d)
-    element = torch.empty((), dtype=d.dtype).element_size()
     bound = {name for kind, name in events if kind == "bind"}
-    sizes = {name: align(numel(shapes[name]) * element) for name in bound}
+    dtypes = {name: buffer_dtype(name, d.dtype) for name in bound}
+    sizes = {name: align(numel(shapes[name]) * dtypes[name].itemsize) for name in bound}
     graph = d.options.graph == "replay"
     phases = phase_peaks(events, sizes, graph)
     figure = max(phases.values(), default=0)
     offsets = place_pools(events, sizes, graph, figure)
     extent = max((offsets[n] + sizes[n] for n in bound), default=0)
     pools = {
-        name: PoolSpec(shape=shapes[name], dtype=d.dtype, nbytes=sizes[name], offset=offsets[name]) for name in bound
+        name: PoolSpec(shape=shapes[name], dtype=dtypes[name], nbytes=sizes[name], offset=offsets[name])
+        for name in bound
     }
     return CallLayout(
         call=call, pools=MappingProxyType(pools), phases=MappingProxyType(phases), bytes=max(figure, extent),
@@ -218,7 +219,7 @@ def _dims(ctx, H_qk, HV, K, V, dtype, options) -> Dims:
         raise ValueError(f"HV = {HV} must be a multiple of H_qk = {H_qk}")
     if options is not None and not isinstance(options, OptionsKcp):
         raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
-    return Dims(ctx, H_qk, HV, K, V, compute_dtype(dtype), options or OptionsKcp())
+    return Dims(ctx, H_qk, HV, K, V, check_input_dtype(dtype), options or OptionsKcp())
 
 
 _LAYOUTS: dict[tuple, WorkspaceLayout] = {}
@@ -238,8 +239,9 @@ def gdn_workspace_layout_kcp(
 ) -> WorkspaceLayout:
     """Bytes per pool and per phase of one forward and one backward on this rank.
 
-    ``dtype`` is the input dtype (pools hold the compute dtype: fp32, or fp64
-    for fp64 inputs). Example::
+    ``dtype`` is the input dtype: the tapes A, w, v_new and h are stored in it,
+    every other pool in the compute dtype (fp32, or fp64 for fp64 inputs; see
+    :func:`gdn_kcp.dtypes.buffer_dtype`). Example::
 
         layout = gdn_workspace_layout_kcp(ctx, 16, 48, 128, 128, dtype=torch.bfloat16)
         layout.fwd.phases["fwd.phase.walk"], layout.bwd.bytes, layout.bytes
@@ -296,7 +298,8 @@ def gdn_saved_layout_kcp(
     options: OptionsKcp | None = None,
 ) -> dict[str, SavedSpec]:
     """Every tensor the forward keeps for the backward besides its inputs:
-    name -> shape, dtype, bytes (exact, no alignment). With
+    name -> shape, dtype (:func:`gdn_kcp.dtypes.buffer_dtype`), bytes (exact,
+    no alignment). With
     ``options.with_conv`` it ends with ``conv_halo`` (input dtype), which the
     layer's short convolution keeps rather than the ``gdn_kcp`` call."""
     saved = kernel_saved_layout(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
@@ -310,9 +313,9 @@ def kernel_saved_layout(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=Non
     """What the ``gdn_kcp`` call itself keeps: :func:`gdn_saved_layout_kcp`
     without the layer's ``conv_halo``."""
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
-    element = torch.empty((), dtype=d.dtype).element_size()
     return {
-        name: SavedSpec(shape=shape, dtype=d.dtype, nbytes=numel(shape) * element)
+        name: SavedSpec(shape=shape, dtype=buffer_dtype(name, d.dtype),
+                        nbytes=numel(shape) * buffer_dtype(name, d.dtype).itemsize)
         for name, shape in saved_shapes(d).items()
     }
 
@@ -340,11 +343,10 @@ def gdn_state_layout_kcp(
     gradient has the same shape) and ``"final_state"``
     ``[ctx.n_end_docs, HV, K, V]`` (those that end on it), both in the compute
     dtype of ``dtype`` inputs (the dtype the final states come back in)."""
-    d = _dims(ctx, 1, HV, K, V, dtype, None)
-    element = torch.empty((), dtype=d.dtype).element_size()
+    state = compute_dtype(_dims(ctx, 1, HV, K, V, dtype, None).dtype)
     rows = {"initial_state": ctx.n_start_docs, "final_state": ctx.n_end_docs}
     return {
-        name: SavedSpec(shape=(n, HV, K, V), dtype=d.dtype, nbytes=n * HV * K * V * element)
+        name: SavedSpec(shape=(n, HV, K, V), dtype=state, nbytes=n * HV * K * V * state.itemsize)
         for name, n in rows.items()
     }
 

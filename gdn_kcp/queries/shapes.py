@@ -2,8 +2,10 @@
 of sizes. Symbols (all per rank, from the context): T tokens, NC chunks,
 C = 64, HV / H_qk heads, K, V head dims, s_owner = ceil(HV / R),
 s_pad = R s_owner, n_in / n_out / mid (crossing flags), n_mid (middle ranks of
-the group); a2a payload sizes from :mod:`gdn_kcp.queries.comm`. Every pool and
-saved tensor is in the compute dtype (fp32; fp64 for fp64 inputs).
+the group); a2a payload sizes from :mod:`gdn_kcp.queries.comm`. Each pool and
+saved tensor has the dtype :func:`gdn_kcp.dtypes.buffer_dtype` gives it: the
+input dtype for the tapes A, w, v_new and h, the compute dtype (fp32; fp64 for
+fp64 inputs) for everything else.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Dims:
     HV: int
     K: int
     V: int
-    dtype: torch.dtype  # compute dtype
+    dtype: torch.dtype  # input dtype
     options: OptionsKcp
 
     @property

@@ -66,11 +66,13 @@ def from_chunks(xc: torch.Tensor, rows: ChunkRows, out: torch.Tensor) -> None:
 
 
 def add_from_chunks(xc: torch.Tensor, rows: ChunkRows, out: torch.Tensor) -> None:
-    """Add the valid rows of ``[NC, H, C, D]`` (or ``[NC, H, C]``) into ``out``."""
+    """Add the valid rows of ``[NC, H, C, D]`` (or ``[NC, H, C]``) into ``out``:
+    the sum in ``xc``'s dtype, rounded once to ``out``'s (as the Triton programs)."""
     if xc.dim() == 3:
         xc = xc[..., None]
         out = out[..., None]
-    out[rows.token[rows.valid]] += xc.movedim(2, 1)[rows.valid].to(out.dtype)
+    token = rows.token[rows.valid]
+    out[token] = (out[token].to(xc.dtype) + xc.movedim(2, 1)[rows.valid]).to(out.dtype)
 
 
 def l2_rstd(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -140,13 +142,19 @@ def causal_scores(a: torch.Tensor, b: torch.Tensor, gates: ChunkGates, strict: b
     return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
 
 
+def rows_reached(finite: torch.Tensor) -> torch.Tensor:
+    """Rows at or after the first row with a ``False`` in ``finite`` (an
+    elementwise mask ``[..., R, D]``), as ``[..., R, 1]``: the rows a non-finite
+    entry reaches."""
+    return (~finite.all(-1, keepdim=True)).cumsum(-2) > 0
+
+
 def lower_matmul(lower: torch.Tensor, x: torch.Tensor, mode: str = "ieee") -> torch.Tensor:
     """``lower @ x`` for a lower-triangular ``[..., C, C]`` factor without the
     ``0 * inf`` of the zeros above the diagonal: a dense product makes every
     row non-finite when one row of ``x`` is; here row i is NaN exactly when a
     row ``l <= i`` of ``x`` is non-finite, and exact otherwise. So a NaN or inf
     of token t stays at and after t."""
-    finite = torch.isfinite(x).all(-1, keepdim=True)
-    reached = (~finite).cumsum(-2) > 0
+    finite = torch.isfinite(x)
     out = mm(lower, torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device)), mode)
-    return torch.where(reached, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)
+    return torch.where(rows_reached(finite), torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, crosses
+from ..precision import accumulator_dtype
 from ._chunks import chunk_rows, to_chunks
 from ._walk import adjoint_step, q_decayed_do, walk_operands
 from .tape_walk import gather_states
@@ -35,7 +36,7 @@ def adjoint_summary(
     ``[T, HV, V]``; d_final_state ``[N_end, HV, K, V]`` (rows as the tape
     walk's final states) or None. Writes nu_out ``[1, HV, K, V]`` (compute dtype).
     """
-    cdt = nu_out.dtype
+    cdt = accumulator_dtype(k.dtype)
     rows = chunk_rows(index)
     ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
     pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
+from ..precision import accumulator_dtype
 from ._chunks import chunk_rows, from_chunks, to_chunks
 from ._walk import adjoint_step, q_decayed_do, walk_operands
 from .tape_walk import gather_states, write_end_states
@@ -57,19 +58,19 @@ def adjoint_walk(
     dVn) and ``d_initial_state_out`` ``[N_start, HV, K, V]`` (rows as the initial
     states).
     """
-    cdt = dh_out.dtype
+    cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], do.shape[2]
     rows = chunk_rows(index)
     ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
     pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
     dvl = to_chunks(dv_local, rows, cdt)
     dv_new = torch.empty_like(dvl)
-    dS = end_adjoints(index, dh_out.new_empty((1, HV, K, V)), d_final_state, lam_out)
+    dS = end_adjoints(index, dvl.new_empty((1, HV, K, V)), d_final_state, lam_out)
     last_chunk = max(index.n_chunks - 1, 0)
     for j in reversed(range(index.max_frag_chunks)):
         active = index.frag_n_chunks > j
         c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
-        dh_out[c[active]] = dS[active]
+        dh_out[c[active]] = dS[active].to(dh_out.dtype)
         dvn, dS_prev = adjoint_step(ops, dvl, pull, c, dS)
         dv_new[c[active]] = dvn[active]
         dS = torch.where(active[:, None, None, None], dS_prev, dS)

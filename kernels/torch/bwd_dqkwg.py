@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ..precision import matmul_mode, mm
+from ..precision import accumulator_dtype, matmul_mode, mm
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
@@ -42,12 +42,13 @@ def bwd_dqkwg(
     do, dv_new ``[T, HV, V]``. Writes, per value head and in the compute dtype,
     dq_out, dk_out, dw_out ``[T, HV, K]`` and dg_out ``[T, HV]`` (gradient of the
     gate cumsum)."""
-    cdt = h.dtype
+    cdt = accumulator_dtype(k.dtype)
     HV = v_new.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
     gates = chunk_gates(g, rows, cdt, gate_params)
     vn, doc, dvn = to_chunks(v_new, rows, cdt), to_chunks(do, rows, cdt), to_chunks(dv_new, rows, cdt)
+    h, dh = h.to(cdt), dh.to(cdt)  # h is a tape in the input dtype
     gamma = torch.exp(gates.cum)
     gamma_ratio = torch.exp(gates.tail)  # gamma_C / gamma
     mode = matmul_mode(q.dtype)

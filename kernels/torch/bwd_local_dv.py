@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ..precision import matmul_mode, mm
+from ..precision import accumulator_dtype, matmul_mode, mm
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
@@ -26,8 +26,8 @@ def bwd_local_dv(
     dv_out: torch.Tensor,
 ) -> None:
     """q, k ``[T, H_qk, K]``; g ``[T, HV]``; do ``[T, HV, V]``. Writes dv_out
-    ``[T, HV, V]`` in the compute dtype."""
-    cdt = dv_out.dtype
+    ``[T, HV, V]`` (computed in the compute dtype, rounded to dv_out's)."""
+    cdt = accumulator_dtype(k.dtype)
     HV = do.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from ..precision import accumulator_dtype
+
 
 def _reduce_and_unnorm(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor | None, out: torch.Tensor) -> None:
     T, H_qk, D = x.shape
-    dy = dy.view(T, H_qk, dy.shape[1] // H_qk, D).sum(2)
+    dy = dy.to(accumulator_dtype(x.dtype)).view(T, H_qk, dy.shape[1] // H_qk, D).sum(2)
     if rstd is not None:
         r = rstd[..., None].to(dy.dtype)
         y = x.to(dy.dtype) * r

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ..precision import matmul_mode, mm
+from ..precision import accumulator_dtype, matmul_mode, mm
 from ._chunks import add_from_chunks, causal_decay, chunk_gates, chunk_rows, from_chunks, load_qk
 from ._chunks import chunk_beta, to_chunks
 
@@ -38,7 +38,7 @@ def bwd_wy(
     dw ``[T, HV, K]``; du ``[T, HV, V]`` (= dv_new). Adds into dk_acc ``[T, HV, K]``
     and dg_acc ``[T, HV]``; writes dv_out ``[T, HV, V]`` and dbeta_out ``[T, HV]``
     (compute dtype)."""
-    cdt = dk_acc.dtype
+    cdt = accumulator_dtype(k.dtype)
     HV = v.shape[1]
     rows = chunk_rows(index)
     kc, vc = load_qk(k, k_rstd, rows, cdt, HV), to_chunks(v, rows, cdt)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ..precision import matmul_mode, mm
+from ..precision import accumulator_dtype, matmul_mode, mm
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, lower_matmul, to_chunks
 
 
@@ -28,12 +28,12 @@ def output(
 ) -> None:
     """q, k ``[T, H_qk, K]``; g ``[T, HV]``; h ``[NC, HV, K, V]``; v_new
     ``[T, HV, V]``. Writes o_out ``[T, HV, V]`` (any float dtype)."""
-    cdt = h.dtype
+    cdt = accumulator_dtype(k.dtype)
     HV = v_new.shape[1]
     rows = chunk_rows(index)
     qc, kc = load_qk(q, q_rstd, rows, cdt, HV), load_qk(k, k_rstd, rows, cdt, HV)
     gates = chunk_gates(g, rows, cdt, gate_params)
     mode = matmul_mode(q.dtype)
     scores = causal_scores(qc, kc, gates, mode=mode)
-    o = mm(torch.exp(gates.cum)[..., None] * qc, h, mode) + lower_matmul(scores, to_chunks(v_new, rows, cdt), mode)
+    o = mm(torch.exp(gates.cum)[..., None] * qc, h.to(cdt), mode) + lower_matmul(scores, to_chunks(v_new, rows, cdt), mode)
     from_chunks(scale * o, rows, o_out)

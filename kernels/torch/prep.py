@@ -12,9 +12,61 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import ChunkIndex
-from ..precision import matmul_mode
+from ..precision import accumulator_dtype, matmul_mode, mm
 from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, l2_rstd, load_qk, lower_matmul
-from ._chunks import chunk_beta, to_chunks
+from ._chunks import chunk_beta, rows_reached, to_chunks
+
+INVERSE_BLOCK = 16
+"""Diagonal blocks of :func:`unit_lower_inverse` (a quarter of a chunk): the
+serial substitution runs 15 steps instead of 63, the rest is tensor-core products."""
+
+
+def diagonal_block_inverse(L: torch.Tensor, block: int) -> torch.Tensor:
+    """``(I + L)^-1`` on the ``[block, block]`` diagonal blocks of a strictly
+    lower ``[..., C, C]`` L, zero off them: forward substitution in L's dtype
+    (no operand rounding, as the Triton twin's 15 substitution steps)."""
+    n = L.shape[-1] // block
+    blocks = L.unflatten(-1, (n, block)).unflatten(-3, (n, block)).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+    eye = torch.eye(block, dtype=L.dtype, device=L.device)
+    inverse = torch.linalg.solve_triangular(blocks + eye, eye.expand_as(blocks), upper=False, unitriangular=True)
+    out = torch.zeros(*L.shape[:-2], n, block, n, block, dtype=L.dtype, device=L.device)
+    out.diagonal(dim1=-4, dim2=-2).copy_(inverse.movedim(-3, -1))
+    return out.flatten(-4, -3).flatten(-2, -1)
+
+
+def merge_lower_inverse(Ai: torch.Tensor, L: torch.Tensor, block: int, mode: str) -> torch.Tensor:
+    """The inverses of ``I + L`` on its ``[2 block, 2 block]`` diagonal blocks
+    from those on its ``[block, block]`` ones (``Ai``, zero off them):
+    ``[[M11, 0], [M21, M22]]^-1 = [[Ai11, 0], [-Ai22 M21 Ai11, Ai22]]``, every
+    block pair at once as two ``[C, C]`` products under the rule ``mode``
+    (``(Ai M21) Ai``, the Triton twin's rounding points)."""
+    o_i = torch.arange(L.shape[-1], device=L.device)
+    same_pair = o_i[:, None] // (2 * block) == o_i[None, :] // (2 * block)
+    m_21 = same_pair & (o_i[:, None] // block != o_i[None, :] // block)
+    M = torch.where(m_21, L, torch.zeros((), dtype=L.dtype, device=L.device))
+    return Ai - mm(mm(Ai, M, mode), Ai, mode)
+
+
+def unit_lower_inverse(L: torch.Tensor, mode: str) -> torch.Tensor:
+    """``(I + L)^-1`` of a strictly lower ``[..., C, C]`` L (``C = 4 INVERSE_BLOCK``):
+    the diagonal blocks by substitution, merged to ``2 INVERSE_BLOCK`` and ``C``
+    with products under the rule ``mode``. A non-finite entry of L is zeroed and
+    its row and every row after it made NaN: the dense products would spread
+    ``0 * inf`` to rows before it, and row i of the inverse depends on rows
+    ``<= i`` of L only.
+
+    >>> L = torch.randn(64, 64, dtype=torch.float64).tril(-1) / 8
+    >>> eye = torch.eye(64, dtype=torch.float64)
+    >>> bool(torch.allclose(unit_lower_inverse(L, "ieee") @ (eye + L), eye))
+    True
+    """
+    assert L.shape[-1] == 4 * INVERSE_BLOCK, L.shape
+    finite = torch.isfinite(L)
+    L = torch.where(finite, L, torch.zeros((), dtype=L.dtype, device=L.device))
+    Ai = diagonal_block_inverse(L, INVERSE_BLOCK)
+    Ai = merge_lower_inverse(Ai, L, INVERSE_BLOCK, mode)
+    Ai = merge_lower_inverse(Ai, L, 2 * INVERSE_BLOCK, mode)
+    return torch.where(rows_reached(finite), torch.full((), float("nan"), dtype=Ai.dtype, device=Ai.device), Ai)
 
 
 def prep(
@@ -38,11 +90,12 @@ def prep(
 
     q, k: ``[T, H_qk, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``.
     Writes A_out ``[T, HV, C]`` (row i of its chunk's A; None when no backward
-    reads it), w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, all in the compute
-    dtype (``w_out.dtype``). With ``q_rstd_out`` / ``k_rstd_out`` (``[T, H_qk]``)
-    given, q and k are L2-normalised and their reciprocal norms written there.
+    reads it), w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, each computed in
+    fp32 (fp64 for fp64 inputs) and rounded to its own dtype. With
+    ``q_rstd_out`` / ``k_rstd_out`` (``[T, H_qk]``) given, q and k are
+    L2-normalised and their reciprocal norms written there.
     """
-    cdt = w_out.dtype
+    cdt = accumulator_dtype(k.dtype)
     HV = v.shape[1]
     rows = chunk_rows(index)
     k_rstd = None
@@ -55,9 +108,7 @@ def prep(
     bc, _ = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
     mode = matmul_mode(k.dtype)
     strict = causal_scores(bc[..., None] * kc, kc, gates, strict=True, mode=mode)
-    eye = torch.eye(strict.shape[-1], dtype=cdt, device=strict.device)
-    # forward substitution: row i of A reads rows <= i of L only
-    A = torch.linalg.solve_triangular(strict + eye, eye.expand_as(strict), upper=False, unitriangular=True)
+    A = unit_lower_inverse(strict, mode)
     if A_out is not None:
         from_chunks(A, rows, A_out)
     from_chunks(lower_matmul(A, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)

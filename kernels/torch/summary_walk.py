@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, crosses, last_real_fragment
+from ..precision import accumulator_dtype
 from ._chunks import chunk_rows, to_chunks
 from ._walk import state_step, walk_operands
 from .tape_walk import gather_states
@@ -42,9 +43,9 @@ def summary_walk(
     k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the
     gates); initial_state ``[N_start, HV, K, V]`` as the tape walk's or None.
     Writes s_loc_out ``[1, HV, K, V]`` and, when given, m_out
-    ``[1, HV, K, K]`` (both in the compute dtype, ``s_loc_out.dtype``).
+    ``[1, HV, K, K]`` (both in the compute dtype).
     """
-    cdt = s_loc_out.dtype
+    cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
     ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)

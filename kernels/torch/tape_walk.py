@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, initial_row_shift
+from ..precision import accumulator_dtype
 from ._chunks import chunk_rows, from_chunks, to_chunks
 from ._walk import state_step, walk_operands
 
@@ -81,18 +82,18 @@ def tape_walk(
     ``[T, HV, V]`` and ``final_state_out`` ``[N_end, HV, K, V]``, the final states
     of the documents that end in this range, in order.
     """
-    cdt = h_out.dtype
+    cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
     ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
     uc = to_chunks(u, rows, cdt)
     v_new = torch.empty_like(uc)
-    S = start_states(index, h_out.new_empty((1, HV, K, V)), initial_state, s_in)
+    S = start_states(index, uc.new_empty((1, HV, K, V)), initial_state, s_in)
     last_chunk = max(index.n_chunks - 1, 0)
     for j in range(index.max_frag_chunks):
         active = index.frag_n_chunks > j
         c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
-        h_out[c[active]] = S[active]
+        h_out[c[active]] = S[active].to(h_out.dtype)
         vn, S_next = state_step(ops, uc, c, S)
         v_new[c[active]] = vn[active]
         S = torch.where(active[:, None, None, None], S_next, S)

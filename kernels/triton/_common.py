@@ -21,7 +21,8 @@ BT = CHUNK_SIZE
 
 
 def acc_dtype(t: torch.Tensor):
-    """The Triton compute dtype of a program whose tapes are ``t``'s dtype."""
+    """The Triton compute dtype (fp64 for fp64 tensors, else fp32) of a
+    program on inputs, or compute-dtype buffers, like ``t``."""
     return tl.float64 if t.dtype == torch.float64 else tl.float32
 
 
@@ -70,19 +71,34 @@ def cast_to(x, ptr):
 
 
 @triton.jit
+def operand(x, MM: tl.constexpr):
+    """``x`` as the products of rule ``MM`` read it (:func:`dot`): cast to
+    bf16 / fp16 under ``"bf16"`` / ``"fp16"``, rounded to bf16 but kept fp32
+    under ``"bf16_emulated"``, as is otherwise (tf32 rounds inside the
+    product). Idempotent: a tile rounded early (so that only its narrow copy
+    stays live) reads the same in :func:`dot`."""
+    if MM == "bf16_emulated":
+        return round_to_bf16(x)
+    elif MM == "bf16":
+        return x.to(tl.bfloat16)
+    elif MM == "fp16":
+        return x.to(tl.float16)
+    else:
+        return x
+
+
+@triton.jit
 def dot(a, b, MM: tl.constexpr):
     """Matrix product under the precision rule ``MM`` (:mod:`gdn_kcp.kernels.precision`):
     ``"bf16"`` / ``"fp16"`` cast both operands to the input dtype (tensor
     cores, fp32 accumulation), ``"tf32"`` reads fp32 operands as tf32,
     ``"ieee"`` multiplies in the operands' dtype (fp32 or fp64) exactly, and
     ``"bf16_emulated"`` (the interpreter, :func:`mm_mode`) rounds the operands
-    to bf16 and multiplies them exactly, as the tensor cores do."""
+    to bf16 and multiplies them exactly, as the tensor cores do (:func:`operand`)."""
     if MM == "bf16_emulated":
-        return tl.dot(round_to_bf16(a), round_to_bf16(b), input_precision="ieee")
-    elif MM == "bf16":
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
-    elif MM == "fp16":
-        return tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
+        return tl.dot(operand(a, MM), operand(b, MM), input_precision="ieee")
+    elif MM == "bf16" or MM == "fp16":
+        return tl.dot(operand(a, MM), operand(b, MM), out_dtype=tl.float32)
     elif MM == "tf32":
         return tl.dot(a, b, input_precision="tf32")
     else:
@@ -205,13 +221,20 @@ def causal_scores(a, b, b_g, STRICT: tl.constexpr, MM: tl.constexpr):
 
 
 @triton.jit
+def rows_reached(finite):
+    """Rows at or after the first row with a ``False`` in ``finite`` (an
+    elementwise mask ``[R, D]``): the rows a non-finite entry reaches."""
+    return tl.cumsum(tl.max(tl.where(finite, 0, 1), 1), 0) > 0
+
+
+@triton.jit
 def lower_dot(lower, x, MM: tl.constexpr):
     """``lower @ x`` for a lower-triangular ``lower`` without the ``0 * inf`` of
     its zeros: row i is NaN exactly when a row ``l <= i`` of ``x`` is not
     finite, and exact otherwise (a plain product is NaN in every row), so a
     NaN or inf of token t stays at and after t."""
     finite = (x - x) == 0.0
-    reached = tl.cumsum(tl.max(tl.where(finite, 0, 1), 1), 0) > 0
+    reached = rows_reached(finite)
     out = dot(lower, tl.where(finite, x, 0.0), MM)
     return tl.where(reached[:, None], float("nan"), out)
 

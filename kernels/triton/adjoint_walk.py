@@ -97,5 +97,5 @@ def adjoint_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
         HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(dh_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

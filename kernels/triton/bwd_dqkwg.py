@@ -109,5 +109,5 @@ def bwd_dqkwg(
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BKS=BKS_DQKWG, BV=BV_DQKWG, HAS_NORM=q_rstd is not None,
         GATE=gate_params is not None,
-        ACC=acc_dtype(h), MM=mm_mode(k), num_warps=NUM_WARPS,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

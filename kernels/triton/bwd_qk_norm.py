@@ -50,5 +50,5 @@ def bwd_qk_norm(
     for dy, x, rstd, out in ((dq_heads, q, q_rstd, dq_out), (dk_heads, k, k_rstd, dk_out)):
         bwd_qk_norm_kernel[(triton.cdiv(T, BT_NORM), H_qk)](
             dy, x, rstd if rstd is not None else dy, out, T, H_qk, dy.shape[1], K,
-            BT=BT_NORM, BK=head_block(K), HAS_NORM=rstd is not None, ACC=acc_dtype(dy),
+            BT=BT_NORM, BK=head_block(K), HAS_NORM=rstd is not None, ACC=acc_dtype(x),
         )

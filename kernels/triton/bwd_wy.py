@@ -104,5 +104,5 @@ def bwd_wy(
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BKS=min(32, head_block(K)), BV=value_block(V), HAS_NORM=k_rstd is not None,
         GATE=gate_params is not None,
-        BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(dk_acc), MM=mm_mode(k), num_warps=NUM_WARPS,
+        BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -45,20 +45,22 @@ SHARED_MEMORY_LIMIT = 232_448
 
 FLOATS = {"scale"}
 INDEX_TABLES = {"chunk_table", "frag_table", "reach"}
-# Pointers in the input dtype (bf16 here); every other pointer is an fp32 tape.
+# Pointers in the input dtype (bf16 here): inputs, outputs, and the buffers of
+# gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS (A, w, u / v_new, h, dh, dv_new, dq_heads,
+# dk_heads, dw); every other pointer is fp32.
 INPUT_POINTERS = {
     "l2_rstd_kernel": {"x"},
-    "prep_kernel": {"q", "k", "v", "g", "beta"},
-    "tape_walk_kernel": {"k"},
-    "summary_walk_kernel": {"k"},
-    "output_kernel": {"q", "k", "o"},
-    "bwd_local_dv_kernel": {"q", "k", "do"},
-    "adjoint_walk_kernel": {"q", "k", "do"},
-    "adjoint_summary_kernel": {"q", "k", "do"},
-    "bwd_dqkwg_kernel": {"q", "k", "do"},
-    "bwd_wy_kernel": {"k", "v", "beta", "dv", "dbeta"},
+    "prep_kernel": {"q", "k", "v", "g", "beta", "A_out", "w", "u"},
+    "tape_walk_kernel": {"k", "w", "u", "h_out", "v_new"},
+    "summary_walk_kernel": {"k", "w", "u"},
+    "output_kernel": {"q", "k", "o", "h", "v_new"},
+    "bwd_local_dv_kernel": {"q", "k", "do", "dv"},
+    "adjoint_walk_kernel": {"q", "k", "w", "do", "dv_local", "dh", "dv"},
+    "adjoint_summary_kernel": {"q", "k", "w", "do", "dv_local"},
+    "bwd_dqkwg_kernel": {"q", "k", "h", "v_new", "do", "dh", "dv_new", "dq", "dk", "dw"},
+    "bwd_wy_kernel": {"k", "v", "beta", "A", "dw", "du", "dk_acc", "dv", "dbeta"},
     "bwd_gate_cumsum_kernel": {"dg"},
-    "bwd_qk_norm_kernel": {"x", "dx"},
+    "bwd_qk_norm_kernel": {"dy_heads", "x", "dx"},
     "short_conv_fwd_kernel": {"x", "w", "b", "halo", "y"},
     "short_conv_bwd_dx_kernel": {"x", "w", "b", "halo", "dy", "dx", "dhalo"},
     "short_conv_bwd_dw_kernel": {"x", "w", "b", "halo", "dy"},
@@ -102,9 +104,14 @@ def num_warps(kernel) -> int:
 
 
 def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
+    """The kernel as a launch specialises it: every pointer 16-byte aligned
+    (``tt.divisibility``; tensors and workspace pools start on 256-byte
+    boundaries), int arguments unspecialised (they vary per call)."""
     inputs = INPUT_POINTERS[name.split("[")[0]]
-    signature = {}
-    for param in kernel.params:
+    signature, attrs = {}, {}
+    for i, param in enumerate(kernel.params):
+        if not param.is_constexpr and param.name not in FLOATS | INTS:
+            attrs[(i,)] = [["tt.divisibility", 16]]
         if param.is_constexpr:
             signature[param.name] = "constexpr"
         elif param.name in FLOATS:
@@ -115,7 +122,7 @@ def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
             signature[param.name] = "*i32"
         else:
             signature[param.name] = "*bf16" if param.name in inputs else "*fp32"
-    return triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
 def compile_all(arch: int, K: int = 128, V: int = 128) -> list[dict]:

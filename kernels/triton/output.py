@@ -57,5 +57,5 @@ def output(
     output_kernel[(index.n_chunks, HV, triton.cdiv(V, BV))](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, ACC=acc_dtype(h), MM=mm_mode(k), num_warps=NUM_WARPS,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

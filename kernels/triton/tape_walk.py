@@ -76,5 +76,5 @@ def tape_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_INITIAL=initial_state is not None,
         HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(h_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )
