@@ -179,6 +179,36 @@ def profile_kernels(results, device, dims, dtype, bounds):
                 rows[event.key[:80]] = round(us / 1e3, 3)
         table[name] = dict(sorted(rows.items(), key=lambda kv: -kv[1])[:25])
     results["kernel_ms"] = table
+    results["kernel_tflops"] = achieved_tflops(table, ctx, dims)
+    if "fla" in table:
+        results["kernel_ratio_fla_over_ours"] = counterpart_ratios(table["gdn_kcp"], table["fla"])
+
+
+def counterpart_ratios(ours: dict, fla: dict) -> dict:
+    """FLA's time over ours, kernel by kernel (``roofline.COUNTERPARTS``: the
+    FLA kernels that do the work of each of ours), where both were profiled."""
+    import roofline
+
+    out = {}
+    for kernel, theirs in roofline.COUNTERPARTS.items():
+        if ours.get(kernel) and all(name in fla for name in theirs):
+            out[kernel] = round(sum(fla[name] for name in theirs) / ours[kernel], 3)
+    return out
+
+
+def achieved_tflops(kernel_ms: dict, ctx, dims) -> dict:
+    """Achieved TFLOP/s of every profiled kernel the static model counts: its
+    FLOPs in one forward+backward (``roofline.kernel_flops`` at this context's
+    tokens, chunks and documents) over its measured time."""
+    import roofline
+
+    shape = roofline.shape_of(ctx, *dims)
+    elements = roofline.pool_element_sizes(ctx, shape, OptionsKcp(use_qk_l2norm=True))
+    flops = {"gdn_kcp": roofline.kernel_flops(roofline.our_launches(shape, elements)),
+             "fla": roofline.kernel_flops(roofline.fla_launches(shape))}
+    return {name: {kernel: round(flops[name][kernel] / (ms * 1e-3) / 1e12, 2)
+                   for kernel, ms in rows.items() if kernel in flops[name] and flops[name][kernel] and ms > 0}
+            for name, rows in kernel_ms.items()}
 
 
 def check_reduce_overhead(results, device, dims, dtype, bounds):
@@ -350,6 +380,12 @@ def markdown(r: dict) -> str:
     for path, rows in r.get("kernel_ms", {}).items():
         lines.append(f"- {path} kernels (ms, one forward+backward): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in list(rows.items())[:12]))
+    for path, rows in r.get("kernel_tflops", {}).items():
+        if rows:  # empty on the CPU: the profiler names ops there, not kernels
+            lines.append(f"- {path} achieved TFLOP/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rows.items()))
+    if r.get("kernel_ratio_fla_over_ours"):
+        lines.append("- FLA time / ours, kernel by kernel: "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in r["kernel_ratio_fla_over_ours"].items()))
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
     lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))

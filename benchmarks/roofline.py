@@ -221,6 +221,21 @@ def estimate(launches: list[Launch], facts: Mapping[str, Mapping], m: Machine = 
     return {"rows": out, "total_ms": ms["all"], "forward_ms": ms["fwd"], "backward_ms": ms["bwd"]}
 
 
+def kernel_flops(launches: list[Launch]) -> dict[str, float]:
+    """FLOPs of every kernel over the launches (one forward+backward): what
+    ``gpu_check`` divides a kernel's measured time by for its achieved rate."""
+    out: dict[str, float] = {}
+    for launch in launches:
+        if launch.kernel:
+            out[launch.kernel] = out.get(launch.kernel, 0.0) + launch.programs * launch.work.flops
+    return out
+
+
+def shape_of(ctx, H_qk: int, HV: int, K: int, V: int) -> Shape:
+    """The model's shape for a one-rank context: its tokens, chunks and documents."""
+    return Shape(T=ctx.n_tokens, H=H_qk, HV=HV, K=K, V=V, NC=ctx.index.n_chunks, fragments=ctx.index.n_frag)
+
+
 # ---------------------------------------------------------------- shapes
 
 @dataclass(frozen=True)
@@ -243,7 +258,7 @@ def full_shape() -> tuple[Shape, object, OptionsKcp]:
     """The full shape on a one-rank context of one document, and the options."""
     shape = Shape()
     ctx = build_kcp_context([0, shape.T])
-    return replace(shape, NC=ctx.index.n_chunks, fragments=ctx.index.n_frag), ctx, OptionsKcp(use_qk_l2norm=True)
+    return shape_of(ctx, shape.H, shape.HV, shape.K, shape.V), ctx, OptionsKcp(use_qk_l2norm=True)
 
 
 def pool_element_sizes(ctx, s: Shape, options: OptionsKcp, dtype=torch.bfloat16) -> dict[str, int]:
@@ -337,6 +352,22 @@ def our_facts(K: int = 128, V: int = 128) -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------- FLA
+
+COUNTERPARTS = {
+    "l2_rstd_kernel": ("l2norm_fwd_kernel",),
+    "prep_kernel": ("chunk_local_cumsum_scalar_kernel", "chunk_gated_delta_rule_fwd_kkt_solve_kernel",
+                    "recompute_w_u_fwd_kernel"),
+    "tape_walk_kernel": ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64",),
+    "output_kernel": ("chunk_fwd_kernel_o",),
+    "bwd_local_dv_kernel": ("chunk_bwd_kernel_dv_local",),
+    "adjoint_walk_kernel": ("chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64",),
+    "bwd_dqkwg_kernel": ("chunk_bwd_kernel_dqkwg",),
+    "bwd_wy_kernel": ("prepare_wy_repr_bwd_kernel",),
+    "bwd_qk_norm_kernel": ("l2norm_bwd_kernel",),
+}
+"""FLA's kernels that do the work of each of ours (prep: the gate cumsum, the
+WY inverse and W, U; our gate cumsum backward is folded into FLA's torch ops):
+``gpu_check`` reports FLA's time over ours per pair."""
 
 FLA_BT_NORM = 16
 FLA_BC = 16

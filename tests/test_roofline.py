@@ -176,3 +176,27 @@ def test_readme_states_our_estimate():
     assert stated, "README: no 'ours X ms (forward Y, backward Z' in the roofline section"
     computed = tuple(f"{result[key]:.2f}" for key in ("total_ms", "forward_ms", "backward_ms"))
     assert stated.groups() == computed, f"README states {stated.groups()}, `make roofline` gives {computed}"
+
+
+def test_gpu_check_rates_and_ratios_come_from_the_model():
+    """gpu_check's achieved TFLOP/s divide the model's FLOPs of a kernel by its
+    measured time; its per-kernel ratio sums FLA's counterparts of ours."""
+    sys.modules.setdefault("roofline", roofline)
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    from gdn_kcp import build_kcp_context
+
+    ctx = build_kcp_context([0, 70, 200])
+    dims = (1, 2, 32, 32)
+    shape = roofline.shape_of(ctx, *dims)
+    assert (shape.T, shape.NC, shape.fragments) == (200, 2 + 3, 2)  # chunks cut at each document start
+    elements = roofline.pool_element_sizes(ctx, shape, roofline.OptionsKcp(use_qk_l2norm=True))
+    prep = roofline.kernel_flops(roofline.our_launches(shape, elements))["prep_kernel"]
+    assert prep == sum(x.programs * x.work.flops for x in roofline.our_launches(shape, elements)
+                       if x.kernel == "prep_kernel") > 0
+    rates = gpu_check.achieved_tflops({"gdn_kcp": {"prep_kernel": 2.0, "aten::mm": 1.0}}, ctx, dims)
+    assert rates == {"gdn_kcp": {"prep_kernel": round(prep / 2e-3 / 1e12, 2)}}
+    fla = dict.fromkeys(roofline.COUNTERPARTS["prep_kernel"], 1.0)
+    assert gpu_check.counterpart_ratios({"prep_kernel": 2.0, "output_kernel": 1.0}, fla) == {
+        "prep_kernel": len(fla) / 2.0}  # output's counterpart was not profiled
