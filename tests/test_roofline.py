@@ -24,8 +24,8 @@ _spec.loader.exec_module(roofline)
 
 Launch, Work, H200 = roofline.Launch, roofline.Work, roofline.H200
 TENSOR = {"products": "wgmma", "registers": 128, "num_warps": 4, "shared": 0, "spill_stores": 0}  # 4 resident per SM
-POOLS = {"A": 2, "w": 2, "v_new": 2, "h": 2, "q_rstd": 4, "k_rstd": 4, "dv_new": 4, "dh": 4, "dq_heads": 4,
-         "dk_heads": 4, "dw": 4, "dgcum": 4}  # bytes per element of each pool
+POOLS = {"A": 2, "w": 2, "v_new": 2, "h": 2, "q_rstd": 4, "k_rstd": 4, "dv_new": 2, "dh": 2, "dq_heads": 2,
+         "dk_heads": 2, "dw": 2, "dgcum": 4}  # bytes per element of each pool at bf16 (gdn_kcp.dtypes.buffer_dtype)
 TINY = roofline.Shape(T=128, H=1, HV=2, K=16, V=16, NC=2, fragments=1)  # one value tile of 16 per head
 
 

@@ -1,6 +1,6 @@
 """Each Triton program under TRITON_INTERPRET=1 against its torch twin: odd T,
 several documents (zero-length and one-token ones among them), GVA, the L2 norm, crossing
-fragments with S_in / lambda_end, K = V in {32, 64}; fp32 and bf16 inputs."""
+fragments with S_in / lambda_end, K = V in {32, 64}, V = 128 (two value tiles); fp32 and bf16 inputs."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ CASES = {
                          l2=False, crossing=False),
     "bf16-crossing-K32": dict(bounds=(0, 65, 65, 129), H_qk=1, HV=2, K=32, V=32, dtype=torch.bfloat16, seed=3,
                               l2=True, crossing=True),
+    # V = 128: two value tiles of 64, so the programs that walk value tiles loop more than once
+    "bf16-V128": dict(bounds=(0, 70, 131), H_qk=1, HV=1, K=32, V=128, dtype=torch.bfloat16, seed=7, l2=True,
+                      crossing=False),
     # capped indexes: sentinel rows after the real ones, summaries from the device flags
     "fp32-capped-crossing": dict(bounds=(0, 70, 70, 71, 150), H_qk=1, HV=2, K=32, V=32, dtype=torch.float32,
                                  seed=5, l2=True, crossing=True, capped=True),

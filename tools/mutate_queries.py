@@ -7,7 +7,9 @@ Terms: every pool and saved-tensor shape (doubled), every sum and product in
 the size and payload formulas and in the layer's halo terms (one side
 dropped; those run the layer's KCP tests), every bind and release of the
 modelled schedule (dropped, one name at a time), the replayed-boundary count of
-c1/c2, and the arena alignment. Each mutant is written over the source file,
+c1/c2, the arena alignment, the bytes of each pool and saved tensor (numel
+times its dtype's size), and the dtype rule (each buffer dropped in turn from
+``gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS``). Each mutant is written over the source file,
 the query and arena tests run against it (stopping at the first failure), and
 the file is restored. The files must be committed first (a safety net: `git
 checkout` restores them if the run is killed). Exit status 1 if any mutant
@@ -165,6 +167,19 @@ def constant_mutants(path: Path, names: set[str], new_value) -> list[Mutant]:
     return out
 
 
+def element_mutants(path: Path, name: str) -> list[Mutant]:
+    """Every element of the module tuple ``name = (...)``: dropped."""
+    out = []
+    nodes = list(ast.walk(ast.parse(path.read_text())))
+    for i, node in enumerate(nodes):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == name and isinstance(node.value, ast.Tuple):
+            for j, element in enumerate(node.value.elts):
+                def apply(tree, n, j=j):
+                    del n.value.elts[j]
+                out.append(Mutant(path, i, f"{_line(path, node)} {name} without {ast.unparse(element)}", apply))
+    return out
+
+
 def all_mutants() -> list[Mutant]:
     shapes, schedule = QUERIES / "shapes.py", QUERIES / "schedule.py"
     comm, layout = QUERIES / "comm.py", QUERIES / "layout.py"
@@ -179,7 +194,9 @@ def all_mutants() -> list[Mutant]:
         *binop_mutants(layout, {"gdn_saved_layout_kcp"}, tests=LAYER_TESTS),
         *constant_mutants(comm, set(), None),
         *constant_mutants(layout, {"ALIGN"}, 128),
-        *binop_mutants(layout, {"gdn_state_layout_kcp"}),
+        *binop_mutants(layout, {"tensor_nbytes"}),
+        *shape_mutants(layout, "gdn_state_layout_kcp", "shapes"),
+        *element_mutants(ROOT / "gdn_kcp" / "dtypes.py", "INPUT_DTYPE_BUFFERS"),
     ]
 
 

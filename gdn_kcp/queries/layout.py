@@ -30,6 +30,11 @@ def align(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
+def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of a tensor of ``shape`` and ``dtype`` (no alignment)."""
+    return numel(shape) * dtype.itemsize
+
+
 @dataclass(frozen=True)
 class PoolSpec:
     """A pool: its tensor ``shape`` / ``dtype``, its ``nbytes`` in the arena
@@ -192,7 +197,7 @@ def _call_layout(call: str, events, d: Dims) -> CallLayout:
     shapes = pool_shapes(d)
     bound = {name for kind, name in events if kind == "bind"}
     dtypes = {name: buffer_dtype(name, d.dtype) for name in bound}
-    sizes = {name: align(numel(shapes[name]) * dtypes[name].itemsize) for name in bound}
+    sizes = {name: align(tensor_nbytes(shapes[name], dtypes[name])) for name in bound}
     graph = d.options.graph == "replay"
     phases = phase_peaks(events, sizes, graph)
     figure = max(phases.values(), default=0)
@@ -239,9 +244,10 @@ def gdn_workspace_layout_kcp(
 ) -> WorkspaceLayout:
     """Bytes per pool and per phase of one forward and one backward on this rank.
 
-    ``dtype`` is the input dtype: the tapes A, w, v_new and h are stored in it,
-    every other pool in the compute dtype (fp32, or fp64 for fp64 inputs; see
-    :func:`gdn_kcp.dtypes.buffer_dtype`). Example::
+    ``dtype`` is the input dtype: the pools of ``gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS``
+    (the tapes A, w, v_new, h; the backward's dh, dv_new, dq_heads, dk_heads,
+    dw) are stored in it, every other pool in the compute dtype (fp32, or fp64
+    for fp64 inputs; :func:`gdn_kcp.dtypes.buffer_dtype`). Example::
 
         layout = gdn_workspace_layout_kcp(ctx, 16, 48, 128, 128, dtype=torch.bfloat16)
         layout.fwd.phases["fwd.phase.walk"], layout.bwd.bytes, layout.bytes
@@ -305,7 +311,7 @@ def gdn_saved_layout_kcp(
     saved = kernel_saved_layout(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
     halo = conv_halo_shape(ctx, H_qk, HV, K, V, options)
     if halo is not None:
-        saved["conv_halo"] = SavedSpec(shape=halo, dtype=dtype, nbytes=numel(halo) * dtype.itemsize)
+        saved["conv_halo"] = SavedSpec(shape=halo, dtype=dtype, nbytes=tensor_nbytes(halo, dtype))
     return saved
 
 
@@ -315,7 +321,7 @@ def kernel_saved_layout(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=Non
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
     return {
         name: SavedSpec(shape=shape, dtype=buffer_dtype(name, d.dtype),
-                        nbytes=numel(shape) * buffer_dtype(name, d.dtype).itemsize)
+                        nbytes=tensor_nbytes(shape, buffer_dtype(name, d.dtype)))
         for name, shape in saved_shapes(d).items()
     }
 
@@ -344,11 +350,9 @@ def gdn_state_layout_kcp(
     ``[ctx.n_end_docs, HV, K, V]`` (those that end on it), both in the compute
     dtype of ``dtype`` inputs (the dtype the final states come back in)."""
     state = compute_dtype(_dims(ctx, 1, HV, K, V, dtype, None).dtype)
-    rows = {"initial_state": ctx.n_start_docs, "final_state": ctx.n_end_docs}
-    return {
-        name: SavedSpec(shape=(n, HV, K, V), dtype=state, nbytes=n * HV * K * V * state.itemsize)
-        for name, n in rows.items()
-    }
+    shapes = {"initial_state": (ctx.n_start_docs, HV, K, V), "final_state": (ctx.n_end_docs, HV, K, V)}
+    return {name: SavedSpec(shape=shape, dtype=state, nbytes=tensor_nbytes(shape, state))
+            for name, shape in shapes.items()}
 
 
 def _deterministic(options: OptionsKcp | None) -> OptionsKcp:

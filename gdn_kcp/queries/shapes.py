@@ -4,8 +4,9 @@ C = 64, HV / H_qk heads, K, V head dims, s_owner = ceil(HV / R),
 s_pad = R s_owner, n_in / n_out / mid (crossing flags), n_mid (middle ranks of
 the group); a2a payload sizes from :mod:`gdn_kcp.queries.comm`. Each pool and
 saved tensor has the dtype :func:`gdn_kcp.dtypes.buffer_dtype` gives it: the
-input dtype for the tapes A, w, v_new and h, the compute dtype (fp32; fp64 for
-fp64 inputs) for everything else.
+input dtype for the buffers of ``gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS`` (the tapes
+A, w, v_new, h; the backward's dh, dv_new, dq_heads, dk_heads, dw), the compute
+dtype (fp32; fp64 for fp64 inputs) for everything else.
 """
 
 from __future__ import annotations

@@ -39,9 +39,9 @@ def bwd_dqkwg(
     dg_out: torch.Tensor,
 ) -> None:
     """q, k ``[T, H_qk, K]``; g ``[T, HV]``; h, dh ``[NC, HV, K, V]``; v_new,
-    do, dv_new ``[T, HV, V]``. Writes, per value head and in the compute dtype,
-    dq_out, dk_out, dw_out ``[T, HV, K]`` and dg_out ``[T, HV]`` (gradient of the
-    gate cumsum)."""
+    do, dv_new ``[T, HV, V]``. Writes, per value head (computed in the compute
+    dtype, rounded once to each output's dtype), dq_out, dk_out, dw_out
+    ``[T, HV, K]`` and dg_out ``[T, HV]`` (gradient of the gate cumsum)."""
     cdt = accumulator_dtype(k.dtype)
     HV = v_new.shape[1]
     rows = chunk_rows(index)

@@ -36,8 +36,9 @@ def bwd_wy(
 ) -> None:
     """k ``[T, H_qk, K]``; v ``[T, HV, V]``; beta, g ``[T, HV]``; A ``[T, HV, C]``;
     dw ``[T, HV, K]``; du ``[T, HV, V]`` (= dv_new). Adds into dk_acc ``[T, HV, K]``
-    and dg_acc ``[T, HV]``; writes dv_out ``[T, HV, V]`` and dbeta_out ``[T, HV]``
-    (compute dtype)."""
+    and dg_acc ``[T, HV]`` (each sum in the compute dtype, rounded once to the
+    accumulator's dtype); writes dv_out ``[T, HV, V]`` and dbeta_out ``[T, HV]``
+    (rounded to their dtypes)."""
     cdt = accumulator_dtype(k.dtype)
     HV = v.shape[1]
     rows = chunk_rows(index)
