@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gdn_kcp.kernels import CHUNK_SIZE
-from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK, unit_lower_inverse
+from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK, merge_blocks, unit_lower_inverse
 
 triton = pytest.importorskip("triton")
 tl = triton.language
@@ -65,14 +65,6 @@ def blocked_inverse(L: torch.Tensor, backend: str, mode: str) -> torch.Tensor:
     if backend == "torch":
         return unit_lower_inverse(L, mode)
     return triton_inverse(L, mm_mode(torch.empty(0, dtype=torch.bfloat16)) if mode == "bf16" else mode)
-
-
-def merge_blocks(L: torch.Tensor, block: int) -> torch.Tensor:
-    """L on its ``[2 block, 2 block]`` diagonal blocks, off the ``[block, block]`` ones."""
-    o_i = torch.arange(C)
-    same_pair = o_i[:, None] // (2 * block) == o_i[None, :] // (2 * block)
-    m_21 = same_pair & (o_i[:, None] // block != o_i[None, :] // block)
-    return torch.where(m_21, L, 0.0)
 
 
 def rounding_bound(L: torch.Tensor, u: float) -> torch.Tensor:

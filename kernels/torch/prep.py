@@ -34,16 +34,23 @@ def diagonal_block_inverse(L: torch.Tensor, block: int) -> torch.Tensor:
     return out.flatten(-4, -3).flatten(-2, -1)
 
 
+def merge_blocks(L: torch.Tensor, block: int) -> torch.Tensor:
+    """The ``M21`` blocks :func:`merge_lower_inverse` reads: L on its
+    ``[2 block, 2 block]`` diagonal blocks but off the ``[block, block]`` ones,
+    zero elsewhere."""
+    o_i = torch.arange(L.shape[-1], device=L.device)
+    same_pair = o_i[:, None] // (2 * block) == o_i[None, :] // (2 * block)
+    m_21 = same_pair & (o_i[:, None] // block != o_i[None, :] // block)
+    return torch.where(m_21, L, torch.zeros((), dtype=L.dtype, device=L.device))
+
+
 def merge_lower_inverse(Ai: torch.Tensor, L: torch.Tensor, block: int, mode: str) -> torch.Tensor:
     """The inverses of ``I + L`` on its ``[2 block, 2 block]`` diagonal blocks
     from those on its ``[block, block]`` ones (``Ai``, zero off them):
     ``[[M11, 0], [M21, M22]]^-1 = [[Ai11, 0], [-Ai22 M21 Ai11, Ai22]]``, every
     block pair at once as two ``[C, C]`` products under the rule ``mode``
     (``(Ai M21) Ai``, the Triton twin's rounding points)."""
-    o_i = torch.arange(L.shape[-1], device=L.device)
-    same_pair = o_i[:, None] // (2 * block) == o_i[None, :] // (2 * block)
-    m_21 = same_pair & (o_i[:, None] // block != o_i[None, :] // block)
-    M = torch.where(m_21, L, torch.zeros((), dtype=L.dtype, device=L.device))
+    M = merge_blocks(L, block)
     return Ai - mm(mm(Ai, M, mode), Ai, mode)
 
 

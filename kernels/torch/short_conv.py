@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ..precision import accumulator_dtype
+
 
 def conv_reach(doc_starts: torch.Tensor, T: int, W: int, halo_rows: int) -> torch.Tensor:
     """``[T]`` int32: ``min(W - 1, t - start(t))``, where ``start(t)`` is the
@@ -43,7 +45,7 @@ def _pre(taps: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 def short_conv_fwd(x, weight, bias, reach, halo, *, y_out: torch.Tensor) -> None:
     """x ``[T, D]``; weight ``[D, W]``; bias ``[D]`` or None; reach ``[T]``;
     halo ``[W - 1, D]`` or None (zeros). Writes y_out ``[T, D]`` (x's dtype)."""
-    cdt = torch.promote_types(x.dtype, torch.float32)
+    cdt = accumulator_dtype(x.dtype)
     y_out.copy_(F.silu(_pre(_taps(x, halo, reach, weight.shape[1], cdt), weight, bias)))
 
 
@@ -52,7 +54,7 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
     dweight_out ``[D, W]``, dbias_out ``[D]`` (or None), dhalo_out ``[W - 1, D]`` (or None)."""
     T, D = x.shape
     W, rows = weight.shape[1], weight.shape[1] - 1
-    cdt = torch.promote_types(x.dtype, torch.float32)
+    cdt = accumulator_dtype(x.dtype)
     taps = _taps(x, halo, reach, W, cdt)
     pre = _pre(taps, weight, bias)
     sig = torch.sigmoid(pre)

@@ -136,6 +136,12 @@ def load_scalars(ptr, tok, m_t, H, h, ACC: tl.constexpr):
 
 
 @triton.jit
+def store_scalars(ptr, x, tok, m_t, H, h):
+    """Per-token scalars ``x`` into head ``h`` of a ``[T, H]`` tensor (rounded to its dtype)."""
+    tl.store(ptr + tok * H + h, cast_to(x, ptr), mask=m_t)
+
+
+@triton.jit
 def softplus(x):
     """``log(1 + exp(x))`` as torch computes it (x past 20 is returned as is);
     ``log(u) * e / (u - 1)`` keeps log1p's accuracy where ``1 + e`` rounds."""
@@ -181,7 +187,7 @@ def load_qk_cols(ptr, rstd, tok, m_t, H_qk, hk, K, col0, BD: tl.constexpr, HAS_N
     """Columns ``[col0, col0 + BD)`` of :func:`load_qk`'s rows (a K block)."""
     x = load_rows_cols(ptr, tok, m_t, H_qk, hk, K, col0, BD, ACC)
     if HAS_NORM:
-        x = x * tl.load(rstd + tok * H_qk + hk, mask=m_t, other=0.0).to(ACC)[:, None]
+        x = x * load_scalars(rstd, tok, m_t, H_qk, hk, ACC)[:, None]
     return x
 
 

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk_cols, load_rows_cols,
-                      load_state_rows, mm_mode, pointer, store_rows_cols)
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk_cols,
+                      load_rows_cols, load_state_rows, mm_mode, pointer, store_rows_cols, store_scalars)
 
 
 BKS_DQKWG = 32
@@ -75,7 +75,7 @@ def bwd_dqkwg_kernel(
     dG += tl.sum(through_scores, 1) - tl.sum(through_scores, 0) - through_end
     d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(dS_S0, 0)
     dG += tl.where(o_t == length - 1, d_last, 0.0)
-    tl.store(dg + tok * HV + i_h, cast_to(dG, dg), mask=m_t)
+    store_scalars(dg, dG, tok, m_t, HV, i_h)
 
 
 def bwd_dqkwg(

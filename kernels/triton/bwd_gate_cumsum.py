@@ -8,7 +8,7 @@ import triton.language as tl
 import triton
 
 from ..chunk_index import ChunkIndex
-from ._common import cast_to, BT, acc_dtype, chunk_rows, load_scalars
+from ._common import BT, acc_dtype, chunk_rows, load_scalars, store_scalars
 
 
 @triton.jit
@@ -17,7 +17,7 @@ def bwd_gate_cumsum_kernel(dgcum, dg, chunk_table, n_chunks, HV, BT: tl.constexp
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
     dG = load_scalars(dgcum, tok, m_t, HV, i_h, ACC)
-    tl.store(dg + tok * HV + i_h, cast_to(tl.cumsum(dG, 0, reverse=True), dg), mask=m_t)
+    store_scalars(dg, tl.cumsum(dG, 0, reverse=True), tok, m_t, HV, i_h)
 
 
 def bwd_gate_cumsum(dgcum: torch.Tensor, index: ChunkIndex, *, dg_out: torch.Tensor) -> None:

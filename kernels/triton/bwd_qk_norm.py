@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import acc_dtype, head_block, load_rows_cols, store_rows_cols
+from ._common import acc_dtype, head_block, load_rows_cols, load_scalars, store_rows_cols
 
 BT_NORM = 16
 """Tokens per program: an elementwise kernel; [64, 128] fp32 tiles took 255
@@ -26,7 +26,7 @@ def bwd_qk_norm_kernel(dy_heads, x, rstd, dx, T, H_qk, HV, K,
     for i in range(0, group):
         dy += load_rows_cols(dy_heads, tok, m_t, HV, i_hk * group + i, K, 0, BK, ACC)
     if HAS_NORM:
-        r = tl.load(rstd + tok * H_qk + i_hk, mask=m_t, other=0.0).to(ACC)[:, None]
+        r = load_scalars(rstd, tok, m_t, H_qk, i_hk, ACC)[:, None]
         y = load_rows_cols(x, tok, m_t, H_qk, i_hk, K, 0, BK, ACC) * r
         dy = r * (dy - y * tl.sum(dy * y, 1)[:, None])
     store_rows_cols(dx, dy, tok, m_t, H_qk, i_hk, K, 0, BK)

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (cast_to, BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk_cols,
-                      load_rows_cols, mm_mode, pointer, store_rows_cols, value_block)
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk_cols,
+                      load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols, store_scalars, value_block)
 
 
 NUM_WARPS = 8
@@ -70,9 +70,9 @@ def bwd_wy_kernel(
         store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, c0, BKS)
     b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + tl.sum(dL_decayed * kkt, 1)
     dG = beta_gamma * w_dot_k + tl.sum(through_L, 1) - tl.sum(through_L, 0)
-    dG += tl.load(dg_acc + tok * HV + i_h, mask=m_t, other=0.0).to(ACC)
-    tl.store(dg_acc + tok * HV + i_h, cast_to(dG, dg_acc), mask=m_t)
-    tl.store(dbeta + tok * HV + i_h, cast_to(b_dbeta * dbeta_dinput, dbeta), mask=m_t)
+    dG += load_scalars(dg_acc, tok, m_t, HV, i_h, ACC)
+    store_scalars(dg_acc, dG, tok, m_t, HV, i_h)
+    store_scalars(dbeta, b_dbeta * dbeta_dinput, tok, m_t, HV, i_h)
 
 
 def bwd_wy(

@@ -11,9 +11,9 @@ import triton.language as tl
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
 from ..torch.prep import INVERSE_BLOCK
-from ._common import (cast_to, BT, acc_dtype, causal_scores, chunk_rows, dot, head_block, load_beta, load_gates,
-                      load_qk, load_rows_cols, lower_dot, mm_mode, operand, pointer, rows_reached, store_rows_cols,
-                      value_block)
+from ._common import (BT, acc_dtype, causal_scores, chunk_rows, dot, head_block, load_beta, load_gates, load_qk,
+                      load_rows_cols, lower_dot, mm_mode, operand, pointer, rows_reached, store_rows_cols,
+                      store_scalars, value_block)
 
 
 NUM_WARPS = 8
@@ -31,7 +31,7 @@ def l2_rstd_kernel(x, rstd, T, H, D, EPS: tl.constexpr, BT: tl.constexpr, BD: tl
     m_t = tok < T
     x_t = load_rows_cols(x, tok, m_t, H, i_h, D, 0, BD, ACC)
     r = 1.0 / tl.sqrt(tl.sum(x_t * x_t, 1) + EPS)
-    tl.store(rstd + tok * H + i_h, cast_to(r, rstd), mask=m_t)
+    store_scalars(rstd, r, tok, m_t, H, i_h)
 
 
 @triton.jit
@@ -164,5 +164,6 @@ def prep(
         pointer(A_out, w_out), w_out, u_out, pointer(k_rstd_out, w_out),
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=value_block(V), HAS_NORM=k_rstd_out is not None, STORE_A=A_out is not None,
-        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=ACC, MM=mm_mode(k), num_warps=NUM_WARPS,
+        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=ACC,
+        MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..precision import accumulator_dtype
 from ._common import acc_dtype, cast_to, pointer
 
 BT_CONV = 32
@@ -146,7 +147,7 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
     grid = (triton.cdiv(T + W - 1, BT_CONV), triton.cdiv(D, BD_CONV))
     short_conv_bwd_dx_kernel[grid](*args, dx_out, pointer(dhalo_out, dx_out), T, D, **flags)
     programs = max(1, triton.cdiv(T, BT_CONV * DW_BLOCKS))
-    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cdt = accumulator_dtype(x.dtype)
     dw_part = torch.empty(programs, D, W, dtype=cdt, device=x.device)
     db_part = torch.empty(programs, D, dtype=cdt, device=x.device) if bias is not None else dw_part
     short_conv_bwd_dw_kernel[(programs, triton.cdiv(D, BD_CONV))](
