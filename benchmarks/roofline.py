@@ -554,10 +554,15 @@ def markdown(title: str, result: dict) -> str:
     return "\n".join(lines)
 
 
+def our_full_launches() -> tuple[Shape, list[Launch]]:
+    """The full shape and our launches at it (pool dtypes from the layout)."""
+    shape, ctx, options = full_shape()
+    return shape, our_launches(shape, pool_element_sizes(ctx, shape, options))
+
+
 def our_estimate(facts: Mapping[str, Mapping], m: Machine = H200) -> dict:
     """Our estimate at the full shape, from compile facts by kernel name."""
-    shape, ctx, options = full_shape()
-    return estimate(our_launches(shape, pool_element_sizes(ctx, shape, options)), facts, m)
+    return estimate(our_full_launches()[1], facts, m)
 
 
 def main() -> None:
@@ -569,8 +574,8 @@ def main() -> None:
     parser.add_argument("--step-us", type=float, default=H200.step_latency * 1e6, help="latency of a dependent step")
     args = parser.parse_args()
     machine = replace(H200, step_latency=args.step_us * 1e-6)
-    shape, ctx, options = full_shape()
-    launches = {"ours": our_launches(shape, pool_element_sizes(ctx, shape, options))}
+    shape, ours = our_full_launches()
+    launches = {"ours": ours}
     progress("compiling our kernels for sm_90 (compile_specs.report, about a minute on 2 cores) ...")
     start = time.perf_counter()
     facts = {"ours": our_facts(shape.K, shape.V)}

@@ -63,7 +63,8 @@ def short_conv_bwd_op(dy: Tensor, x: Tensor, weights: list[Tensor], biases: list
     dx, dweight = torch.empty_like(x), torch.empty_like(weight)
     dbias = torch.empty_like(bias) if bias is not None else x.new_empty(0)
     dhalo = torch.empty_like(halo) if halo is not None else x.new_empty(0)
-    _programs(x).short_conv_bwd(dy.contiguous(), x, weight, bias, _reach(x, weight, doc_starts, halo), halo, dx_out=dx, dweight_out=dweight,
+    _programs(x).short_conv_bwd(dy.contiguous(), x, weight, bias, _reach(x, weight, doc_starts, halo), halo,
+                                dx_out=dx, dweight_out=dweight,
                                 dbias_out=dbias if bias is not None else None,
                                 dhalo_out=dhalo if halo is not None else None)
     return dx, dweight, dbias, dhalo

@@ -86,5 +86,6 @@ def summary_walk(
             initial_state if has_initial else g, out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
-            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out), MM=mm_mode(k), num_warps=NUM_WARPS,
+            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out), MM=mm_mode(k),
+            num_warps=NUM_WARPS,
     )
