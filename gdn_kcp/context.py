@@ -8,13 +8,15 @@ size every exchange without asking the others.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from gdn_kcp.kernels.chunk_index import PADDING, capped_index
+from gdn_kcp.kernels.chunk_index import CHUNK_SIZE, PADDING, capped_index
+from gdn_kcp.kernels.segments import MAX_SEGMENTS, capped_summary_rows, summary_rows
 from gdn_kcp.validate import check_bounds, check_cu_seqlens, check_max_docs
 
 
@@ -62,6 +64,18 @@ class KcpContext:
     index: ChunkIndex
     device_index: ChunkIndex = field(repr=False)
     max_docs: int | None = None
+    n_sms: int = 1
+    """Streaming multiprocessors of the device (CPU cores on the CPU): what the
+    segment plan (:func:`gdn_kcp.plan.plan_segments`) fills."""
+    plan_chunks: int = 0
+    """Chunks of the longest fragment on any rank (a cap on a capped context):
+    the plan's metadata, the same on every rank."""
+    plan_frags: int = 0
+    """The most fragments any rank holds (``max_docs`` on a capped context)."""
+    segment_rows: tuple[int, ...] = ()
+    """Summary rows of this rank at P = 1, ..., 64 segments
+    (:mod:`gdn_kcp.kernels.segments`): counted from the fragments of an exact
+    context, the caps' bound on a capped one."""
     packing_digest: int = field(default=0, compare=False)
     """A digest of the packing a capped context was built from on the host (0
     when unknown): not a cap (``meta`` leaves it out), read by the
@@ -130,7 +144,8 @@ class KcpContext:
     def meta(self) -> list[int]:
         """Every host fact of this rank's view as ints (the ops take it):
         ``[R, rank, n_tokens, n_chunks, n_frag, max_frag_chunks, n_docs, capped]``,
-        then the flat rank ranges and, per rank, n_in, n_out, middle, prev, next.
+        then the flat rank ranges and, per rank, n_in, n_out, middle, prev, next,
+        then ``n_sms, plan_chunks, plan_frags`` and the 64 ``segment_rows``.
         On a capped context every one is a cap."""
         index = self.index
         head = [self.R, self.rank, index.n_tokens, index.n_chunks, index.n_frag, index.max_frag_chunks, self.n_docs,
@@ -138,7 +153,7 @@ class KcpContext:
         per_rank = [x for pair in self.rank_ranges for x in pair]
         for column in (self.rank_n_in, self.rank_n_out, self.rank_middle, self.rank_prev, self.rank_next):
             per_rank.extend(column)
-        return head + per_rank
+        return head + per_rank + [self.n_sms, self.plan_chunks, self.plan_frags, *self.segment_rows]
 
     @property
     def layout_key(self) -> tuple[int, ...]:
@@ -147,6 +162,10 @@ class KcpContext:
         workspace made for one serves the other (every packing of a capped
         context's caps has the same key)."""
         return tuple(self.meta)
+
+    def summary_rows(self, P: int) -> int:
+        """Summary rows of this rank at P segments (:attr:`segment_rows`)."""
+        return self.segment_rows[P - 1] if P > 1 else 0
 
     def index_for(self, device: torch.device) -> ChunkIndex:
         """The index the programs read for tensors on ``device``: the host
@@ -241,6 +260,7 @@ def build_kcp_context(
     rank_ranges: list[tuple[int, int]] | None = None,
     device: torch.device | str | None = None,
     max_docs: int | None = None,
+    n_sms: int | None = None,
 ) -> KcpContext:
     """Split the packed stream of ``cu_seqlens_global`` (``[N + 1]``, int32/int64,
     or a list of ints; the same on every rank) across the ranks of ``group``.
@@ -252,6 +272,11 @@ def build_kcp_context(
     on every rank. Without torch.distributed initialised and with ``group=None``
     the context is a single rank. ``device``: where the device copy of the
     metadata lives (default: CUDA for an NCCL group, else CPU).
+
+    ``n_sms``: the streaming multiprocessors the segment plan fills
+    (:func:`gdn_kcp.plan.plan_segments`); default: the SM count of ``device``
+    when it is a CUDA device, else the CPU's cores. The ranks check that they
+    agree on it (it decides P, which must be the same on every rank).
 
     ``max_docs=N_cap`` builds a *capped* context (DESIGN.md §5.1): the stream
     may hold at most ``N_cap`` documents (zero-length ones included; it is
@@ -289,17 +314,32 @@ def build_kcp_context(
     else:
         raise ValueError(f"group={group!r} was given but torch.distributed is not initialised")
     ranges = default_ranges(T, R) if rank_ranges is None else check_ranges(rank_ranges, T, R)
-    if R > 1 and max_docs is None:
-        check_same_everywhere({"cu_seqlens_global": bounds, "rank_ranges": ranges}, group, R, "build_kcp_context")
-    elif R > 1 and (group_name, tuple(ranges), max_docs) not in _AGREED_CAPS:
-        check_same_everywhere({"rank_ranges": ranges, "max_docs": max_docs}, group, R,
-                              "build_kcp_context (capped)")
-        _AGREED_CAPS.add((group_name, tuple(ranges), max_docs))
-
     if device is None:
         device = _group_device(group) if R > 1 else torch.device("cpu")
+    n_sms = device_sms(device) if n_sms is None else check_sms(n_sms)
+    if R > 1 and max_docs is None:
+        check_same_everywhere({"cu_seqlens_global": bounds, "rank_ranges": ranges, "n_sms": n_sms}, group, R,
+                              "build_kcp_context")
+    elif R > 1 and (group_name, tuple(ranges), max_docs, n_sms) not in _AGREED_CAPS:
+        check_same_everywhere({"rank_ranges": ranges, "max_docs": max_docs, "n_sms": n_sms}, group, R,
+                              "build_kcp_context (capped)")
+        _AGREED_CAPS.add((group_name, tuple(ranges), max_docs, n_sms))
     return context_from_split(bounds, ranges, rank, group=group, group_name=group_name, device=device,
-                              max_docs=max_docs)
+                              max_docs=max_docs, n_sms=n_sms)
+
+
+def check_sms(n_sms: object) -> int:
+    if isinstance(n_sms, bool) or not isinstance(n_sms, int) or n_sms < 1:
+        raise ValueError(f"n_sms must be an int >= 1, got {n_sms!r}")
+    return n_sms
+
+
+def device_sms(device: torch.device | str) -> int:
+    """The SM count of a CUDA device, the core count of the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return os.cpu_count() or 1
 
 
 def context_from_split(
@@ -311,15 +351,18 @@ def context_from_split(
     group_name: str = "",
     device: torch.device | str = "cpu",
     max_docs: int | None = None,
+    n_sms: int = 1,
 ) -> KcpContext:
     """The context of ``rank`` for document bounds and checked rank ranges: a
     pure function (no collective), also used to ask byte queries about any rank
     of any split without a process group. ``max_docs``: a capped context
-    (``bounds`` holds at most ``max_docs`` documents)."""
+    (``bounds`` holds at most ``max_docs`` documents). ``n_sms``: the device's
+    SM count the segment plan fills (default 1: the plan then keeps P = 1)."""
+    check_sms(n_sms)
     if max_docs is not None:
         check_max_docs(max_docs, len(bounds) - 1, "bounds")
         padded = torch.tensor(bounds + [bounds[-1]] * (max_docs + 1 - len(bounds)), dtype=torch.int64)
-        ctx = capped_context(padded, ranges, rank, group=group, group_name=group_name, device=device)
+        ctx = capped_context(padded, ranges, rank, group=group, group_name=group_name, device=device, n_sms=n_sms)
         return replace(ctx, packing_digest=_digest(bounds))
     R = len(ranges)
     every_rank = [rank_fragments(bounds, start, end, r == R - 1) for r, (start, end) in enumerate(ranges)]
@@ -346,7 +389,14 @@ def context_from_split(
         R=R, rank=rank, group=group, group_name=group_name, rank_ranges=tuple(ranges), n_docs=len(bounds) - 1,
         rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
         rank_prev=rank_prev, rank_next=rank_next, chains=chains,
-        index=index, device_index=index.to(device),
+        index=index, device_index=index.to(device), n_sms=n_sms,
+        plan_chunks=max((-(-(f[2] - f[1]) // CHUNK_SIZE) for frags in every_rank for f in frags), default=0),
+        plan_frags=max(len(frags) for frags in every_rank),
+        segment_rows=tuple(
+            summary_rows(index.frag_n_chunks.tolist(), index.frag_flags.tolist(), P, index.max_frag_chunks,
+                         exchanges=bool(chains))
+            for P in range(1, MAX_SEGMENTS + 1)
+        ),
     )
 
 
@@ -367,6 +417,7 @@ def capped_context(
     group: object = None,
     group_name: str = "",
     device: torch.device | str | None = None,
+    n_sms: int = 1,
 ) -> KcpContext:
     """The capped context of ``rank`` for a stream of ``N = len(cu_seqlens) - 1``
     documents (``max_docs = N``): no host read of ``cu_seqlens`` (torch ops at
@@ -386,7 +437,9 @@ def capped_context(
         R=R, rank=rank, group=group, group_name=group_name, rank_ranges=tuple(ranges),
         n_docs=n_docs, rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
         rank_prev=rank_prev, rank_next=rank_next, chains=chains, index=index,
-        device_index=index if device is None else index.to(device), max_docs=n_docs,
+        device_index=index if device is None else index.to(device), max_docs=n_docs, n_sms=n_sms,
+        plan_chunks=max(-(-(end - start) // CHUNK_SIZE) for start, end in ranges), plan_frags=n_docs,
+        segment_rows=tuple(capped_summary_rows(P, exchanges=bool(chains)) for P in range(1, MAX_SEGMENTS + 1)),
     )
 
 
@@ -407,6 +460,8 @@ def context_from_meta(
     flat = meta[8 : 8 + 2 * R]
     columns = [tuple(meta[8 + 2 * R + i * R : 8 + 2 * R + (i + 1) * R]) for i in range(5)]
     rank_n_in, rank_n_out, rank_middle, rank_prev, rank_next = columns
+    n_sms, plan_chunks, plan_frags = meta[8 + 7 * R : 11 + 7 * R]
+    segment_rows = tuple(meta[11 + 7 * R : 11 + 7 * R + MAX_SEGMENTS])
     chains: list[tuple[int, ...]] = []
     for r in range(R):
         if rank_n_out[r] and not rank_middle[r]:  # the document starts here
@@ -421,5 +476,6 @@ def context_from_meta(
         rank_ranges=tuple((flat[2 * r], flat[2 * r + 1]) for r in range(R)), n_docs=n_docs,
         rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle, rank_prev=rank_prev,
         rank_next=rank_next, chains=tuple(chains), index=index, device_index=index,
-        max_docs=n_docs if capped else None,
+        max_docs=n_docs if capped else None, n_sms=n_sms, plan_chunks=plan_chunks, plan_frags=plan_frags,
+        segment_rows=segment_rows,
     )

@@ -53,8 +53,14 @@ final state, 8e-3 for dq / dk / dv). The gate cumsums and their gradient, q/k
 norms, states and boundary messages stay in the compute dtype."""
 
 
+INDEX_BUFFERS = ("seg_index",)
+"""int32 pools: the segment tables (:mod:`gdn_kcp.kernels.segments`)."""
+
+
 def buffer_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype of workspace pool or saved tensor ``name`` for ``dtype`` inputs."""
+    if name in INDEX_BUFFERS:
+        return torch.int32
     return check_input_dtype(dtype) if name in INPUT_DTYPE_BUFFERS else compute_dtype(dtype)
 
 

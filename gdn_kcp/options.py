@@ -43,6 +43,13 @@ class OptionsKcp:
     exchange: ``"a2a"`` (owner slices, per rank one summary out and one state
         in, whatever R) or ``"ring"`` (state passed along each chain; no M on the
         wire, but the ranks of a long document wait on one another).
+    segments: intra-rank segments P (DESIGN.md §3): each fragment of more
+        than ``ceil(n / P)`` chunks (n: the rank's longest fragment) is walked
+        as segments in parallel and composed (:mod:`gdn_kcp.kernels.segments`).
+        ``None`` takes the plan (:func:`gdn_kcp.plan.plan_segments`, from the
+        context's metadata and SM count); an int overrides it within
+        ``[1, max(1, min(64, n))]``, checked against the context by every call
+        and byte query.
     use_qk_l2norm: L2-normalise q and k per token and head inside the kernels.
     with_conv: the call belongs to a layer with a short convolution of width
         ``conv_size`` over q, k and v under KCP
@@ -65,6 +72,7 @@ class OptionsKcp:
     save_for_backward: bool = True
     graph: str = "off"
     exchange: str = "a2a"
+    segments: int | None = None
     use_qk_l2norm: bool = False
     with_conv: bool = False
     conv_size: int = 4
@@ -78,6 +86,9 @@ class OptionsKcp:
         _check_choice("graph", self.graph, GRAPH_MODES)
         _check_choice("exchange", self.exchange, EXCHANGES)
         _check_bool("use_qk_l2norm", self.use_qk_l2norm)
+        if self.segments is not None and (isinstance(self.segments, bool) or not isinstance(self.segments, int)
+                                          or self.segments < 1):
+            raise ValueError(f"OptionsKcp.segments must be None or an int >= 1, got {self.segments!r}")
         _check_bool("with_conv", self.with_conv)
         if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 1:
             raise ValueError(f"OptionsKcp.conv_size must be an int >= 1, got {self.conv_size!r}")
@@ -133,7 +144,7 @@ def save_plan(options: OptionsKcp) -> SavePlan:
 
 OPTION_NAMES = (
     "deterministic", "save_mode", "boundary_mode", "save_transfer", "save_for_backward", "graph", "exchange",
-    "use_qk_l2norm", "with_conv", "conv_size",
+    "segments", "use_qk_l2norm", "with_conv", "conv_size",
 )
 
 
@@ -147,5 +158,8 @@ def options_from_str(text: str) -> OptionsKcp:
     values: dict[str, object] = {}
     for item in text.split(";"):
         name, _, value = item.partition("=")
-        values[name] = int(value) if name == "conv_size" else {"True": True, "False": False}.get(value, value)
+        if name in ("conv_size", "segments"):
+            values[name] = None if value == "None" else int(value)
+        else:
+            values[name] = {"True": True, "False": False}.get(value, value)
     return OptionsKcp(**values)

@@ -68,6 +68,9 @@ class ChunkIndex:
     frag_n_chunks = property(lambda self: self.frag_table[3])
     frag_doc = property(lambda self: self.frag_table[4])
     frag_flags = property(lambda self: self.frag_table[5])
+    frag_carry = property(lambda self: self.frag_table[6])
+    """Row of the carry plane a segment row starts (ends) at: the seventh row
+    of a phase-3 index of :mod:`gdn_kcp.kernels.segments` only."""
 
     @staticmethod
     def from_fragments(

@@ -15,6 +15,7 @@ from gdn_kcp.exchange import backward_a2a, backward_ring
 from gdn_kcp.options import save_plan
 
 from .forward import Buffers, Call, ForwardTapes, run_forward_exchange, run_prep, run_tape_walk
+from .segments import Segments, compose_ends, compose_starts, fold_nu, run_segment_nu, run_segment_summaries
 
 
 @dataclass
@@ -29,13 +30,17 @@ class Grads:
 
 
 def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
-                          replayed, d_final_state):
-    """Adjoint summary of the crossing-in fragment, then b1/b2 (or the ring).
-    Returns the end adjoint of the crossing-out fragment as it arrived."""
+                          replayed, d_final_state, seg: Segments | None):
+    """Adjoint summary of the crossing-in fragment (with segments: the fold of
+    its segments' nu), then b1/b2 (or the ring). Returns the end adjoint of the
+    crossing-out fragment as it arrived."""
     ctx, arena = call.ctx, buffers.arena
     arena.phase("bwd.phase.nu")
     nu = None
-    if ctx.n_in:
+    if ctx.n_in and seg is not None:
+        nu = arena.bind("nu")
+        fold_nu(call, seg, nu, d_final_state=d_final_state)
+    elif ctx.n_in:
         nu = arena.bind("nu")
         call.programs.adjoint_summary(
             q, k, tapes.w, g, do, dv_local, call.index,
@@ -76,30 +81,40 @@ def host_backward(
             A=saved["A"], w=saved["w"], v_new=saved["v_new"],
             q_rstd=saved.get("q_rstd"), k_rstd=saved.get("k_rstd"), h=saved["h"],
         )
+        seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd", with_s=False)
     else:
         arena.phase("bwd.phase.prep")
         tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
+        seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd")
         s_in = saved.get("s_in")
         if replayed:
             s_in, summary, kept_m = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
-                                                           phase_call="bwd")
+                                                           phase_call="bwd", seg=seg)
+        if seg is not None:
+            compose_starts(call, seg, buffers, phase_call="bwd", initial_state=initial_state, s_in=s_in,
+                           final_state_out=None)
         arena.phase("bwd.phase.walk")
-        run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None)
+        run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None,
+                      seg=seg)
         if replayed and s_in is not None:
             arena.release("s_in")
+        if seg is not None:
+            arena.release("seg_start")
 
     HV, K, V = call.HV, call.K, call.V
     qk_norms = dict(q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd)
     arena.phase("bwd.phase.local_dv")
     dv_new = arena.bind("dv_new")  # the local dv until the adjoint walk completes it
     call.programs.bwd_local_dv(q, k, g, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms, **call.gate)
+    run_segment_nu(q, k, g, do, dv_new, call, tapes, seg, buffers)
     lam = None
     if exchanges:
         own_m = summary[..., V:] if summary is not None else saved.get("m")
         lam = run_backward_exchange(
             q, k, g, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
-            replayed=replayed, d_final_state=d_final_state,
+            replayed=replayed, d_final_state=d_final_state, seg=seg,
         )
+    compose_ends(call, seg, buffers, d_final_state=d_final_state, lam=lam)
 
     arena.phase("bwd.phase.adjoint_walk")
     dh = arena.bind("dh")
@@ -107,13 +122,16 @@ def host_backward(
     if n_initial_states is not None:
         d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=compute_dtype(q.dtype), device=q.device)
     call.programs.adjoint_walk(
-        q, k, tapes.w, g, do, dv_new, call.index,
+        q, k, tapes.w, g, do, dv_new, seg.tables.adjoint if seg else call.index,
         scale=call.scale, d_final_state=d_final_state,
         lam_out=lam[:, :HV] if lam is not None and ctx.n_out else None,
-        dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, **qk_norms, **call.gate,
+        dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, carry_in=seg.end if seg else None,
+        **qk_norms, **call.gate,
     )
     if lam is not None:
         arena.release("lam")
+    if seg is not None:
+        arena.release("seg_end", "seg_index")
     buffers.drop("w")
 
     arena.phase("bwd.phase.dqkwg")

@@ -21,7 +21,10 @@ from gdn_kcp.queries.layout import SavedSpec
 from gdn_kcp.queries.shapes import norm_tapes
 from gdn_kcp.workspace import Arena
 
+from gdn_kcp.plan import segments_for
+
 from .programs import programs_for
+from .segments import Segments, compose_starts, fold_summary, run_segment_summaries
 
 
 @dataclass
@@ -105,6 +108,11 @@ class Call:
     def norms(self) -> tuple[str, ...]:
         return norm_tapes(self.options)
 
+    @property
+    def P(self) -> int:
+        """Segments per long fragment (:func:`gdn_kcp.plan.segments_for`)."""
+        return segments_for(self.ctx, self.HV, self.K, self.V, self.options.segments)
+
 
 def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) -> ForwardTapes:
     """Program #1 into tapes from ``buffers`` (h is bound later by the walk)."""
@@ -121,27 +129,34 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
     return tapes
 
 
-def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out):
-    """Program #2: binds h; rewrites the u in ``tapes.v_new`` as v_new."""
+def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out,
+                  seg: Segments | None):
+    """Program #2: binds h; rewrites the u in ``tapes.v_new`` as v_new. With
+    segments it walks the segmented index from the carry plane (phase 3)."""
     tapes.h = buffers.take("h")
     call.programs.tape_walk(
-        k, tapes.w, tapes.v_new, g, call.index,
+        k, tapes.w, tapes.v_new, g, seg.tables.walk if seg else call.index,
         k_rstd=tapes.k_rstd, initial_state=initial_state,
         s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
-        h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out, **call.gate,
+        h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
+        carry_in=seg.start if seg else None, **call.gate,
     )
 
 
 def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state,
-                         phase_call: str):
-    """Summary walk of the crossing-out fragment, then c1/c2 (or the ring).
+                         phase_call: str, seg: Segments | None):
+    """Summary walk of the crossing-out fragment (with segments: the fold of
+    its segments' summaries), then c1/c2 (or the ring).
     Returns ``(s_in, summary, kept_m)``: the arrived start state, the summary
     still bound when a replayed backward needs its M for b1, and the owner's
     kept M slices (save_transfer)."""
     ctx, HV, K, V = call.ctx, call.HV, call.K, call.V
     buffers.arena.phase(f"{phase_call}.phase.summary")
     summary = None
-    if ctx.n_out:
+    if ctx.n_out and seg is not None:
+        summary = buffers.arena.bind("summary")
+        fold_summary(call, seg, summary, initial_state=initial_state)
+    elif ctx.n_out:
         summary = buffers.arena.bind("summary")
         call.programs.summary_walk(
             k, tapes.w, tapes.v_new, g, call.index, k_rstd=tapes.k_rstd, initial_state=initial_state,
@@ -171,18 +186,25 @@ def host_forward(
     arena = buffers.arena
     arena.phase("fwd.phase.prep")
     tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=keeps_tapes)
+    seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="fwd")
     s_in = None
     if call.ctx.exchanges:
         s_in, _, _ = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
-                                       phase_call="fwd")
-    arena.phase("fwd.phase.walk")
+                                          phase_call="fwd", seg=seg)
     final_state = None
     if n_final_states is not None:
         final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=compute_dtype(q.dtype),
                                   device=q.device)
-    run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=final_state)
+    if seg is not None:
+        compose_starts(call, seg, buffers, phase_call="fwd", initial_state=initial_state, s_in=s_in,
+                       final_state_out=final_state)
+    arena.phase("fwd.phase.walk")
+    run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=final_state,
+                  seg=seg)
     if s_in is not None:
         buffers.drop("s_in")
+    if seg is not None:
+        arena.release("seg_start", "seg_index")
     buffers.drop("w")
     arena.phase("fwd.phase.output")
     o = torch.empty_like(v, dtype=q.dtype)

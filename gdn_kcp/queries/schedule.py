@@ -102,13 +102,17 @@ def forward_events(d: Dims) -> Events:
     ev.phase("fwd.phase.prep")
     if not keeps_tapes:
         ev.bind("w", "v_new", *norm_tapes(d.options))
+    _segment_summaries(ev, d, "fwd")
     if d.ctx.exchanges:
         _forward_exchange(ev, d, "fwd")
+    _compose_starts(ev, d, "fwd")
     ev.phase("fwd.phase.walk")
     if not keeps_tapes:
         ev.bind("h")
     if d.ctx.exchanges and _s_in_is_pool(d, "fwd") and (d.a2a or d.n_in):
         ev.release("s_in")
+    if d.segmented:
+        ev.release("seg_start", "seg_index")
     if not keeps_tapes:
         ev.release("w")
     ev.phase("fwd.phase.output")
@@ -117,26 +121,58 @@ def forward_events(d: Dims) -> Events:
     return ev
 
 
+def _segment_summaries(ev: Events, d: Dims, call: str) -> None:
+    """Segments, phase 1: the tables and every summary row's ``[S | M]``."""
+    if d.segmented:
+        ev.phase(f"{call}.phase.segments")
+        ev.bind("seg_index", "seg_summary")
+
+
+def _compose_starts(ev: Events, d: Dims, call: str) -> None:
+    """Segments, phase 2: the carry plane of start states (the forward's M is
+    done with; the backward keeps it for the adjoint composition)."""
+    if d.segmented:
+        ev.phase(f"{call}.phase.compose")
+        ev.bind("seg_start")
+        if call == "fwd":
+            ev.release("seg_summary")
+
+
 def backward_events(d: Dims) -> Events:
     ev = Events()
     plan = save_plan(d.options)
     if not plan.keeps_tapes:
         ev.phase("bwd.phase.prep")
         ev.bind("A", "w", "v_new", *norm_tapes(d.options))
+        _segment_summaries(ev, d, "bwd")
         if d.ctx.exchanges and plan.replays_boundary:
             _forward_exchange(ev, d, "bwd")
+        _compose_starts(ev, d, "bwd")
         ev.phase("bwd.phase.walk")
         ev.bind("h")
         if d.ctx.exchanges and plan.replays_boundary and (d.a2a or d.n_in):
             ev.release("s_in")
+        if d.segmented:
+            ev.release("seg_start")
+    else:
+        _segment_summaries(ev, d, "bwd")
     ev.phase("bwd.phase.local_dv")
     ev.bind("dv_new")
+    if d.segmented:
+        ev.phase("bwd.phase.segment_nu")
+        ev.bind("seg_nu")
     if d.ctx.exchanges:
         _backward_exchange(ev, d)
+    if d.segmented:
+        ev.phase("bwd.phase.compose_adjoint")
+        ev.bind("seg_end")
+        ev.release("seg_nu", "seg_summary")
     ev.phase("bwd.phase.adjoint_walk")
     ev.bind("dh")
     if d.ctx.exchanges and (d.a2a or d.n_out):
         ev.release("lam")
+    if d.segmented:
+        ev.release("seg_end", "seg_index")
     if not plan.keeps_tapes:
         ev.release("w")
     ev.phase("bwd.phase.dqkwg")

@@ -19,6 +19,9 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.kernels import CHUNK_SIZE
 from gdn_kcp.options import OptionsKcp, save_plan
 
+from gdn_kcp.kernels.segments import table_elements
+from gdn_kcp.plan import segments_for
+
 from .comm import a2a_split_elements, conv_channels
 
 TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd", "h")
@@ -84,6 +87,20 @@ class Dims:
         return self.options.exchange == "a2a"
 
     @property
+    def P(self) -> int:
+        """Segments per long fragment (the option, or the plan)."""
+        return segments_for(self.ctx, self.HV, self.K, self.V, self.options.segments)
+
+    @property
+    def n_sum(self) -> int:
+        """Summary rows at P segments (0 without segments)."""
+        return self.ctx.summary_rows(self.P)
+
+    @property
+    def segmented(self) -> bool:
+        return self.P > 1
+
+    @property
     def state_heads(self) -> int:
         """Heads of a boundary state as it arrives: padded under a2a."""
         return self.ctx.padded_heads(self.HV) if self.a2a else self.HV
@@ -118,6 +135,15 @@ def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
         # save_transfer under a replayed boundary: the owner's M slices, c1 to b1
         "kept_m": (d.n_mid, d.ctx.owner_heads(HV), K, K),
     }
+    if d.segmented:  # intra-rank segments (kernels/segments.py): tables, phase-1 summaries, carry planes
+        n_sum = d.n_sum
+        shapes.update({
+            "seg_index": (table_elements(d.ctx.index.n_frag, n_sum),),
+            "seg_summary": (n_sum, HV, K, V + K),
+            "seg_start": (n_sum, HV, K, V),
+            "seg_nu": (n_sum, HV, K, V),
+            "seg_end": (n_sum, HV, K, V),
+        })
     st = d.options.save_transfer
     for name in ("c1", "c2", "b1", "b2"):
         sends, recvs = a2a_split_elements(d.ctx, name, HV, K, V, save_transfer=st)

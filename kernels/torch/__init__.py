@@ -3,25 +3,32 @@
 Forward: :func:`prep` (#1), :func:`summary_walk`, :func:`tape_walk` (#2),
 :func:`output` (#5). Backward: :func:`bwd_local_dv`, :func:`adjoint_summary`,
 :func:`adjoint_walk`, :func:`bwd_dqkwg`, :func:`bwd_wy`,
-:func:`bwd_gate_cumsum`, :func:`bwd_qk_norm`.
+:func:`bwd_gate_cumsum`, :func:`bwd_qk_norm`. Segments (P > 1):
+:func:`segment_summary`, :func:`compose_segments` (forward phases 1 and 2),
+:func:`adjoint_segment_summary`, :func:`compose_adjoints` (backward).
 Batched over chunks, heads and fragments; only the walks loop, over the chunk
 position inside a fragment.
 """
 
 from .bwd_dqkwg import bwd_dqkwg
+from .compose_adjoints import compose_adjoints
+from .compose_segments import compose_segments
 from .bwd_gate_cumsum import bwd_gate_cumsum
 from .bwd_local_dv import bwd_local_dv
 from .bwd_qk_norm import bwd_qk_norm
 from .bwd_wy import bwd_wy
+from .adjoint_segment_summary import adjoint_segment_summary
 from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .output import output
 from .prep import prep
+from .segment_summary import segment_summary
 from .short_conv import short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
 
 __all__ = [
+    "adjoint_segment_summary",
     "adjoint_summary",
     "adjoint_walk",
     "bwd_dqkwg",
@@ -29,8 +36,11 @@ __all__ = [
     "bwd_local_dv",
     "bwd_qk_norm",
     "bwd_wy",
+    "compose_adjoints",
+    "compose_segments",
     "output",
     "prep",
+    "segment_summary",
     "short_conv_bwd",
     "short_conv_fwd",
     "summary_walk",

@@ -15,11 +15,12 @@ from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
 from ..precision import accumulator_dtype
 from ._chunks import chunk_rows, from_chunks, to_chunks
 from ._walk import adjoint_step, q_decayed_do, walk_operands
-from .tape_walk import gather_states, write_end_states
+from .tape_walk import carried, gather_states, write_end_states
 
 
 def end_adjoints(
-    index: ChunkIndex, like: torch.Tensor, d_final_state: torch.Tensor | None, lam_out: torch.Tensor | None
+    index: ChunkIndex, like: torch.Tensor, d_final_state: torch.Tensor | None, lam_out: torch.Tensor | None,
+    carry_in: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[F, HV, K, V]``: the fragment's final-state gradient (or zero), and
     ``lam_out[0]`` for the crossing-out fragment (always the last fragment)."""
@@ -27,7 +28,7 @@ def end_adjoints(
     if lam_out is not None:
         crossing_out = ((index.frag_flags & CROSSING_OUT) != 0)[:, None, None, None]
         dS = torch.where(crossing_out, lam_out[:1].to(dS.dtype), dS)
-    return dS
+    return carried(index, dS, carry_in)
 
 
 def adjoint_walk(
@@ -48,6 +49,7 @@ def adjoint_walk(
     dh_out: torch.Tensor,
     dv_out: torch.Tensor,
     d_initial_state_out: torch.Tensor | None,
+    carry_in: torch.Tensor | None = None,
 ) -> None:
     """Walk the adjoints.
 
@@ -56,7 +58,8 @@ def adjoint_walk(
     states) or None; lam_out ``[1, HV, K, V]``, the end adjoint of the crossing-out fragment,
     or None. Writes dh_out ``[NC, HV, K, V]``, dv_out ``[T, HV, V]`` (the whole
     dVn) and ``d_initial_state_out`` ``[N_start, HV, K, V]`` (rows as the initial
-    states).
+    states). With segments, carry_in ``[n_sum, HV, K, V]`` holds the end
+    adjoints of the ``SEGMENT`` rows of ``index`` (see ``tape_walk``).
     """
     cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], do.shape[2]
@@ -65,7 +68,7 @@ def adjoint_walk(
     pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
     dvl = to_chunks(dv_local, rows, cdt)
     dv_new = torch.empty_like(dvl)
-    dS = end_adjoints(index, dvl.new_empty((1, HV, K, V)), d_final_state, lam_out)
+    dS = end_adjoints(index, dvl.new_empty((1, HV, K, V)), d_final_state, lam_out, carry_in)
     last_chunk = max(index.n_chunks - 1, 0)
     for j in reversed(range(index.max_frag_chunks)):
         active = index.frag_n_chunks > j

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, initial_row_shift
+from ..segments import SEGMENT
 from ..precision import accumulator_dtype
 from ._chunks import chunk_rows, from_chunks, to_chunks
 from ._walk import state_step, walk_operands
@@ -39,15 +40,25 @@ def gather_states(index: ChunkIndex, states: torch.Tensor | None, flag: int, S: 
 
 
 def start_states(
-    index: ChunkIndex, like: torch.Tensor, initial_state: torch.Tensor | None, s_in: torch.Tensor | None
+    index: ChunkIndex, like: torch.Tensor, initial_state: torch.Tensor | None, s_in: torch.Tensor | None,
+    carry_in: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[F, HV, K, V]``: zero, the fragment's initial state, or ``s_in[0]`` for
-    the crossing-in fragment (always fragment 0)."""
+    the crossing-in fragment (always fragment 0); a ``SEGMENT`` row of a
+    segmented index: ``carry_in[frag_carry]``."""
     S = gather_states(index, initial_state, CROSSING_IN, like.new_zeros((index.n_frag,) + like.shape[1:]))
     if s_in is not None:
         crossing_in = (index.frag_flags & CROSSING_IN) != 0
         S = torch.where(crossing_in[:, None, None, None], s_in[:1].to(S.dtype), S)
-    return S
+    return carried(index, S, carry_in)
+
+
+def carried(index: ChunkIndex, S: torch.Tensor, carry_in: torch.Tensor | None) -> torch.Tensor:
+    """``S`` with ``carry_in[frag_carry]`` on the rows flagged ``SEGMENT``."""
+    if carry_in is None or carry_in.shape[0] == 0:
+        return S
+    picked = carry_in[index.frag_carry.long().clamp(0, carry_in.shape[0] - 1)].to(S.dtype)
+    return torch.where(((index.frag_flags & SEGMENT) != 0)[:, None, None, None], picked, S)
 
 
 def write_end_states(index: ChunkIndex, S: torch.Tensor, out: torch.Tensor | None, flag: int) -> None:
@@ -73,6 +84,7 @@ def tape_walk(
     h_out: torch.Tensor,
     v_new_out: torch.Tensor,
     final_state_out: torch.Tensor | None,
+    carry_in: torch.Tensor | None = None,
 ) -> None:
     """Walk the states.
 
@@ -80,7 +92,9 @@ def tape_walk(
     s_in ``[1, HV, K, V]``, the start state of the crossing-in fragment, or None.
     Writes h_out ``[NC, HV, K, V]`` (state at each chunk start), v_new_out
     ``[T, HV, V]`` and ``final_state_out`` ``[N_end, HV, K, V]``, the final states
-    of the documents that end in this range, in order.
+    of the documents that end in this range, in order. With segments
+    (``index`` a phase-3 index of :mod:`gdn_kcp.kernels.segments`), carry_in
+    ``[n_sum, HV, K, V]`` holds the start states of its ``SEGMENT`` rows.
     """
     cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
@@ -88,7 +102,7 @@ def tape_walk(
     ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
     uc = to_chunks(u, rows, cdt)
     v_new = torch.empty_like(uc)
-    S = start_states(index, uc.new_empty((1, HV, K, V)), initial_state, s_in)
+    S = start_states(index, uc.new_empty((1, HV, K, V)), initial_state, s_in, carry_in)
     last_chunk = max(index.n_chunks - 1, 0)
     for j in range(index.max_frag_chunks):
         active = index.frag_n_chunks > j
