@@ -5,12 +5,14 @@ equal the byte queries exactly (tolerance 0)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import torch
 from gdn_inputs import make_inputs, max_abs, rel_rms
 
 from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_comm_bytes_kcp, gdn_kcp
 from gdn_kcp.exchange import record_comm_bytes
+from gdn_kcp.plan import segment_range
 from gdn_kcp.queries import COLLECTIVES
 from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kcp
 from gdn_kcp.workspace import record_workspace
@@ -46,15 +48,32 @@ PACKINGS = {
 }
 H_QK, HV, K, V = 1, 3, 16, 8
 
+# Segments: fragments of many chunks (P up to 7 on some rank), crossing in and
+# out, a middle rank and an empty one.
+SEGMENT_PACKINGS = {
+    1: [((0, 0, 70, 70, 500), None)],
+    2: [((0, 50, 600, 700), ((0, 420), (420, 700)))],
+    4: [((0, 40, 900), ((0, 300), (300, 300), (300, 700), (700, 900)))],
+}
+SEGMENT_CAPPED_T = 300
+
+
+def segment_options() -> list[OptionsKcp]:
+    """The option combinations that change what the segments bind: save mode,
+    boundary mode, save_transfer, save_for_backward and the exchange (graph
+    replay and the L2 norm bind no segment pool of their own)."""
+    return [o for o in valid_options() if o.graph == "off" and not o.use_qk_l2norm]
+
+
 # Capped contexts (max_docs = 6): random packings per R, document counts up to the cap.
 CAPPED_MAX_DOCS = 6
 CAPPED_R = (1, 2, 4)
 
 
-def capped_packings(R: int, n: int = 2) -> list[tuple[tuple[int, ...], None]]:
+def capped_packings(R: int, n: int = 2, T: int | None = None) -> list[tuple[tuple[int, ...], None]]:
     import random
 
-    rng, T = random.Random(R), 64 * R + 37
+    rng, T = random.Random(R), 64 * R + 37 if T is None else T
     packings = []
     for _ in range(n):
         cuts = sorted(rng.randint(0, T) for _ in range(rng.randint(0, CAPPED_MAX_DOCS - 1)))
@@ -82,12 +101,19 @@ def check_layout(record, layout, where) -> None:
         assert record.pools(call) == {n: s.nbytes for n, s in expected.pools.items()}, (where, call)
 
 
-def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: int | None = None) -> None:
+def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: int | None = None,
+              segments: int | None = None) -> None:
     """Every packing of ``PACKINGS[R]`` (or, with ``max_docs``, the random
     packings of :func:`capped_packings` on capped contexts, whose figures must
-    also be one for every packing)."""
+    also be one for every packing). ``segments``: P (cut to each rank's
+    range) on the options of :func:`segment_options`, over the longer
+    packings of ``SEGMENT_PACKINGS``."""
     figures: dict[OptionsKcp, tuple] = {}
-    for bounds, ranges in PACKINGS[R] if max_docs is None else capped_packings(R):
+    if segments is not None:
+        packings = SEGMENT_PACKINGS[R] if max_docs is None else capped_packings(R, T=SEGMENT_CAPPED_T * R)
+    else:
+        packings = PACKINGS[R] if max_docs is None else capped_packings(R)
+    for bounds, ranges in packings:
         T = bounds[-1]
         inputs = make_inputs(T, H_QK, HV, K, V, dtype=dtype, seed=R)
         cu = torch.tensor(bounds)
@@ -100,9 +126,11 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: i
             ref_o, _ = chunk_gated_delta_rule(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
             ref = [ref_o, *torch.autograd.grad((ref_o * do_all).sum(), leaves)]  # every rank's loss
             ref = [x[:, start:end] for x in ref]
-            for options in valid_options():
+            for options in valid_options() if segments is None else segment_options():
                 if options.use_qk_l2norm != l2:
                     continue
+                if segments is not None:
+                    options = replace(options, segments=min(segments, segment_range(ctx)))
                 where = f"R={R} rank={rank} bounds={bounds} {options}"
                 mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
                 with record_workspace() as record, record_comm_bytes() as comm:

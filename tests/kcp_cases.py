@@ -9,6 +9,7 @@ from gdn_inputs import make_inputs, max_abs, random_bounds, rel_rms
 
 from gdn_kcp import (OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_comm_bytes_kcp, gdn_kcp,
                      gdn_state_layout_kcp)
+from gdn_kcp.plan import segment_range
 from gdn_kcp.queries import COLLECTIVES
 from gdn_kcp.exchange import record_comm_bytes
 
@@ -106,19 +107,22 @@ def padded_rows(rows: torch.Tensor, n_rows: int, fill: float) -> torch.Tensor:
 
 
 def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, expected,
-                       max_docs: int | None = None) -> None:
+                       max_docs: int | None = None, segments: int | None = None) -> None:
     """Run gdn_kcp on this rank's range; compare o and every gradient with the
     single-rank rows (with states: the final states of the documents that end
     here, the initial-state gradient of those that start here), and the
     counted comm bytes with gdn_comm_bytes_kcp. ``max_docs``: a capped
     context; its padding rows of the initial states hold NaN (never read), of
-    the final states and initial-state gradients zeros."""
+    the final states and initial-state gradients zeros. ``segments``: P, cut
+    to this rank's range (:func:`gdn_kcp.plan.segment_range`)."""
     do, state0, dfs = given
     ctx = build_kcp_context(torch.tensor(case.bounds), rank_ranges=case.ranges and list(case.ranges),
                             max_docs=max_docs)
     start, end = ctx.rank_ranges[rank]
     mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
-    options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2)
+    if segments is not None:
+        segments = min(segments, segment_range(ctx))
+    options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2, segments=segments)
     states = state0 is not None
     with record_comm_bytes() as log:
         if states:
@@ -135,7 +139,7 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
         else:
             o = gdn_kcp(*mine, ctx, options=options)
             outputs = [o, *torch.autograd.grad((o * do[:, start:end]).sum(), mine)]
-    where = f"{case.name} rank {rank} exchange={exchange} states={states}"
+    where = f"{case.name} rank {rank} exchange={exchange} states={states} segments={segments}"
     names = ("o", "dq", "dk", "dv", "dg", "dbeta", *STATE_NAMES)
     assert len(outputs) == len(expected) == (8 if states else 6), where
     for name, ours, ref in zip(names, outputs, expected):

@@ -1,0 +1,45 @@
+"""Segment test cases (issue 12): packings whose ranks hold fragments of many
+chunks, crossing in and out, a middle rank, an empty rank and zero-length
+documents; every P of each rank's range is checked against the single-rank run."""
+
+from __future__ import annotations
+
+from kcp_cases import KcpCase, check_case_on_rank, reference
+
+from gdn_kcp import build_kcp_context
+from gdn_kcp.plan import segment_range
+
+SEGMENT_CASES = {
+    1: KcpCase("seg-one-rank", (0, 0, 7, 300, 330, 900), None, H_qk=1, HV=2, K=16, V=8, l2=True),
+    2: KcpCase("seg-cross", (0, 0, 7, 500, 530, 900), None, H_qk=1, HV=2, K=16, V=8),
+    3: KcpCase("seg-middle", (0, 5, 5, 1000, 1100), ((0, 300), (300, 800), (800, 1100)), H_qk=1, HV=2, K=16, V=8,
+               l2=True),
+    4: KcpCase("seg-empty-rank", (0, 30, 30, 700, 711, 900), ((0, 400), (400, 400), (400, 650), (650, 900)),
+               H_qk=1, HV=2, K=16, V=8),
+}
+
+
+def largest_range(case: KcpCase, R: int) -> int:
+    """The largest P any rank of the case may ask for."""
+    bounds = list(case.bounds)
+    ranges = case.ranges and list(case.ranges)
+    from gdn_kcp.context import context_from_split, default_ranges
+
+    split = ranges or default_ranges(bounds[-1], R)
+    return max(segment_range(context_from_split(bounds, split, r)) for r in range(R))
+
+
+def run_every_p(rank: int, R: int) -> None:
+    """fp64, a2a with initial and final states: every P from 1 to the largest
+    range (each rank cuts it to its own); ring without states and a capped
+    context at P = 3."""
+    case = SEGMENT_CASES[R]
+    inputs, given, expected = reference(case, True)
+    for P in range(1, largest_range(case, R) + 1):
+        check_case_on_rank(case, rank, "a2a", inputs, given, expected, segments=P)
+    inputs, given, expected = reference(case, False)
+    check_case_on_rank(case, rank, "ring", inputs, given, expected, segments=3)
+    max_docs = len(case.bounds) + 1
+    inputs, given, expected = reference(case, True, max_docs)
+    check_case_on_rank(case, rank, "a2a", inputs, given, expected, max_docs=max_docs, segments=3)
+    assert build_kcp_context(list(case.bounds), rank_ranges=case.ranges and list(case.ranges)).R == R
