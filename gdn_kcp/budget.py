@@ -16,6 +16,7 @@ import torch
 from gdn_kcp.cli_args import length_list, positive_int
 from gdn_kcp.context import check_ranges, context_from_split, default_ranges
 from gdn_kcp.options import OptionsKcp
+from gdn_kcp.plan import plan_segments, segments_for
 from gdn_kcp.queries import (COLLECTIVES, gdn_comm_bytes_kcp, gdn_saved_layout_kcp, gdn_state_layout_kcp,
                              gdn_workspace_layout_kcp)
 
@@ -43,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graph", choices=("off", "replay"), default="off")
     parser.add_argument("--exchange", choices=("a2a", "ring"), default="a2a")
     parser.add_argument("--l2", action="store_true", help="in-kernel q/k L2 norm")
+    parser.add_argument("--sms", type=positive_int, default=132,
+                        help="streaming multiprocessors the segment plan fills (default 132: H100 / H200 SXM)")
+    parser.add_argument("--segments", type=positive_int, default=None,
+                        help="intra-rank segments P (default: the plan's, printed per rank)")
     parser.add_argument("--max-docs", type=positive_int, default=None,
                         help="a capped context (build_kcp_context(max_docs=)): figures for every packing of up to "
                              "this many documents")
@@ -101,13 +106,13 @@ def run_budget(args: argparse.Namespace) -> None:
     options = OptionsKcp(
         save_mode=args.save_mode, boundary_mode=args.boundary_mode, save_transfer=args.save_transfer,
         save_for_backward=not args.no_save_for_backward, graph=args.graph, exchange=args.exchange,
-        use_qk_l2norm=args.l2,
+        use_qk_l2norm=args.l2, segments=args.segments,
     )
     dtype = DTYPES[args.dtype]
     shapes = (args.hq, args.hv, args.k, args.v)
     ranks = []
     for rank in range(R):
-        ctx = context_from_split(bounds, ranges, rank, max_docs=args.max_docs)
+        ctx = context_from_split(bounds, ranges, rank, max_docs=args.max_docs, n_sms=args.sms)
         ranks.append((
             ctx,
             gdn_workspace_layout_kcp(ctx, *shapes, dtype=dtype, options=options),
@@ -118,6 +123,10 @@ def run_budget(args: argparse.Namespace) -> None:
     print(f"budget: T = {T} tokens in {len(bounds) - 1} documents over R = {R} ranks; "
           f"H_qk = {args.hq}, HV = {args.hv}, K = {args.k}, V = {args.v}, {args.dtype} inputs")
     print(f"  {options}")
+    plan = plan_segments(ranks[0][0], args.hv, args.k, args.v)
+    print(f"  segments: the plan's P = {plan} on {args.sms} SMs (longest fragment {ranks[0][0].plan_chunks} chunks, "
+          f"at most {ranks[0][0].plan_frags} fragments per rank; gdn_kcp.plan), "
+          + (f"--segments {args.segments} given" if args.segments else "taken"))
     if args.max_docs is not None:
         print(f"  capped context: max_docs = {args.max_docs}; every figure holds for any packing of up to "
               f"{args.max_docs} documents (chunks and fragments are the caps')")
@@ -125,6 +134,8 @@ def run_budget(args: argparse.Namespace) -> None:
         start, end = ranges[rank]
         flags = f"n_in={ctx.n_in} n_out={ctx.n_out} middle={ctx.rank_middle[rank]}"
         print(f"\nrank {rank}: tokens [{start}, {end}), {ctx.n_frag} fragments, {ctx.index.n_chunks} chunks, {flags}")
+        P = segments_for(ctx, args.hv, args.k, args.v, args.segments)
+        print(f"  segments P = {P}: {ctx.summary_rows(P)} summary rows")
         print(f"  workspace (gdn_workspace_bytes_kcp) {_mib(layout.bytes)}")
         for call in (layout.fwd, layout.bwd):
             for phase, nbytes in call.phases.items():

@@ -14,14 +14,14 @@ about as much):
   waves, ``r`` = walk programs resident per SM (:data:`WALK_RESIDENT`);
 - ``P = 1``: the tape walk, ``n`` steps (n = ``plan_chunks``) of
   ``F HV ceil(V / BV)`` programs (F = ``plan_frags``): ``n waves(F HV Vt)``;
-- ``P > 1``: phase 1 folds the long fragment's P segments, ``ceil(n / P)``
-  steps of ``P HV ceil((V + K) / BV)`` programs (``[S | M]``); phase 2
-  composes P rows, ``P`` steps of ``HV Vt`` programs; phase 3 walks
-  ``F - 1 + P`` rows for ``ceil(n / P)`` steps.
+- ``P > 1``: phase 1 folds the P segments of each fragment, ``ceil(n / P)``
+  steps of ``F P HV ceil((V + K) / BV)`` programs (``[S | M]``); phase 2
+  composes P rows, ``P`` steps of ``F HV Vt`` programs; phase 3 walks the
+  ``F P`` segments, ``ceil(n / P)`` steps of ``F P HV Vt`` programs.
 
 The plan takes the P in ``[1, min(64, n)]`` of least cost (the smaller on a
-tie). Each fragment costs the steps of the longest one: an upper bound, which
-makes the plan keep P = 1 when the rank's fragments already fill the device.
+tie). Every fragment is costed as long as the longest: an upper bound, under
+which the plan keeps P = 1 when the rank's fragments already fill the device.
 The backward mirrors the forward (adjoint summaries of width V, the forward's
 M reused), so the forward's P serves both.
 
@@ -58,14 +58,14 @@ def _waves(programs: int, slots: int) -> int:
 def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms: int,
               resident: int = WALK_RESIDENT) -> int:
     """Dependent steps of the forward walks at P segments (the module's model)."""
-    slots = n_sms * resident
+    slots, F = n_sms * resident, max(frags, 1)
     tiles = -(-V // WALK_VALUE_TILE)
     if P == 1:
-        return chunks * _waves(max(frags, 1) * HV * tiles, slots)
+        return chunks * _waves(F * HV * tiles, slots)
     steps = -(-chunks // P)
-    summary = _waves(P * HV * -(-(V + K) // WALK_VALUE_TILE), slots)
-    walk = _waves((max(frags, 1) - 1 + P) * HV * tiles, slots)
-    return steps * (summary + walk) + P * _waves(HV * tiles, slots)
+    summary = _waves(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), slots)
+    walk = _waves(F * P * HV * tiles, slots)
+    return steps * (summary + walk) + P * _waves(F * HV * tiles, slots)
 
 
 def segment_range(ctx: KcpContext) -> int:

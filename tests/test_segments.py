@@ -28,3 +28,90 @@ def test_recorded_bytes_equal_the_layout_with_segments(R, P):
 def test_capped_segments_record_one_figure_for_every_packing(R):
     """On a capped context P is a cap: random packings record the same figures."""
     spawn_ranks(R, run_arena, torch.float32, CAPPED_MAX_DOCS, 3)
+
+
+def test_fp32_within_rounding_of_one_segment():
+    """fp32, one rank: every P gives P = 1's outputs and gradients within fp32
+    rounding (the composition reorders fp32 sums; measured max rel RMS 1.5e-7,
+    against 2e-6 here)."""
+    import torch
+
+    from gdn_inputs import make_inputs, rel_rms
+    from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
+
+    bounds = [0, 3, 600, 610, 1100]
+    inputs = make_inputs(bounds[-1], 2, 4, 32, 16, dtype=torch.float32, seed=5, l2=True)
+    ctx = build_kcp_context(bounds, n_sms=1)
+    state0 = torch.randn(4, 4, 32, 16, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for P in (1, 2, 3, 8):
+        leaves = [x.clone().requires_grad_() for x in inputs] + [state0.clone().requires_grad_()]
+        o, fs = gdn_kcp(*leaves[:5], ctx, options=OptionsKcp(segments=P, use_qk_l2norm=True),
+                        initial_state=leaves[5], output_final_state=True)
+        grads = torch.autograd.grad(o.square().sum() + fs.square().sum(), leaves)
+        results[P] = [o, fs, *grads]
+    for P in (2, 3, 8):
+        for name, ours, ref in zip(("o", "final", "dq", "dk", "dv", "dg", "dbeta", "dh0"), results[P], results[1]):
+            assert rel_rms(ours, ref) < 2e-6, (P, name, rel_rms(ours, ref))
+
+
+def test_segments_option_range():
+    from gdn_kcp import OptionsKcp, build_kcp_context, gdn_workspace_bytes_kcp
+
+    for bad in (0, -1, True, 2.0, "3"):
+        with pytest.raises(ValueError, match=r"OptionsKcp.segments must be None or an int >= 1, got"):
+            OptionsKcp(segments=bad)
+    ctx = build_kcp_context([0, 100, 700], n_sms=1)  # longest fragment: 600 tokens, 10 chunks
+    assert gdn_workspace_bytes_kcp(ctx, 1, 2, 16, 16, options=OptionsKcp(segments=10)) > 0
+    with pytest.raises(ValueError, match=r"segments = 11 is out of range for this rank: it must lie in \[1, 10\]"):
+        gdn_workspace_bytes_kcp(ctx, 1, 2, 16, 16, options=OptionsKcp(segments=11))
+    empty = build_kcp_context([0, 0], n_sms=1)
+    with pytest.raises(ValueError, match=r"segments = 2 is out of range for this rank: it must lie in \[1, 1\]"):
+        gdn_workspace_bytes_kcp(empty, 1, 2, 16, 16, options=OptionsKcp(segments=2))
+
+
+def test_plan_cost_model():
+    """The documented model at the long-document shape (T = 32768, HV = 32,
+    K = V = 128, 132 SMs): with one walk program resident per SM (today's
+    walks) segments add a wave and the plan keeps P = 1; at two resident
+    programs the cost falls with P and P = 4 is best."""
+    from gdn_kcp.plan import walk_cost
+
+    shape = dict(chunks=512, frags=1, HV=32, K=128, V=128, n_sms=132)
+    assert walk_cost(1, **shape, resident=1) == 512
+    assert walk_cost(2, **shape, resident=1) == 256 * (2 + 1) + 2
+    assert min(range(1, 65), key=lambda P: walk_cost(P, **shape, resident=1)) == 1
+    two = {P: walk_cost(P, **shape, resident=2) for P in range(1, 65)}
+    assert two[4] == 128 * (2 + 1) + 4 < two[1] == 512
+    assert min(two, key=lambda P: (two[P], P)) == 4
+    # many fragments fill the device: P = 1 whatever the residency
+    assert min(range(1, 65), key=lambda P: walk_cost(P, **dict(shape, frags=64), resident=2)) == 1
+
+
+def test_plan_is_the_same_on_every_rank():
+    """The plan reads the topology's facts (longest fragment anywhere, most
+    fragments on a rank, SM count), not the rank's own: one P for all ranks."""
+    from gdn_kcp.context import context_from_split
+    from gdn_kcp.plan import plan_segments
+
+    bounds, ranges = [0, 10, 30000, 30010, 65536], [(0, 16384), (16384, 16384), (16384, 40000), (40000, 65536)]
+    for n_sms in (1, 132, 10_000):
+        for max_docs in (None, 8):
+            plans = {plan_segments(context_from_split(bounds, ranges, r, n_sms=n_sms, max_docs=max_docs), 8, 64, 64)
+                     for r in range(4)}
+            assert len(plans) == 1, (n_sms, max_docs, plans)
+    # a device wide enough for every segment program: the plan cuts the long document
+    wide = context_from_split(bounds, ranges, 1, n_sms=10_000)
+    assert plan_segments(wide, 8, 64, 64) > 1
+    assert plan_segments(context_from_split(bounds, ranges, 1, n_sms=2), 8, 64, 64) == 1
+
+
+def test_budget_prints_p():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "gdn_kcp", "budget", "--docs", "32768", "--hq", "16", "--hv", "32",
+                          "--segments", "4"], capture_output=True, text=True, check=True).stdout
+    assert "segments: the plan's P = 1 on 132 SMs (longest fragment 512 chunks" in out
+    assert "segments P = 4: 4 summary rows" in out
+    assert "fwd.phase.segments" in out and "bwd.phase.compose_adjoint" in out
