@@ -11,11 +11,6 @@ from segment_cases import SEGMENT_CASES, run_every_p
 from spawn import spawn_ranks
 
 
-@pytest.mark.parametrize("R", sorted(SEGMENT_CASES))
-def test_every_p_equals_single_rank_fp64(R):
-    spawn_ranks(R, run_every_p)
-
-
 @pytest.mark.parametrize("R", sorted(SEGMENT_PACKINGS))
 @pytest.mark.parametrize("P", [2, 7])
 def test_recorded_bytes_equal_the_layout_with_segments(R, P):
@@ -28,6 +23,11 @@ def test_recorded_bytes_equal_the_layout_with_segments(R, P):
 def test_capped_segments_record_one_figure_for_every_packing(R):
     """On a capped context P is a cap: random packings record the same figures."""
     spawn_ranks(R, run_arena, torch.float32, CAPPED_MAX_DOCS, 3)
+
+
+@pytest.mark.parametrize("R", sorted(SEGMENT_CASES))
+def test_every_p_equals_single_rank_fp64(R):
+    spawn_ranks(R, run_every_p)
 
 
 def test_fp32_within_rounding_of_one_segment():

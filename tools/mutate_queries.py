@@ -9,7 +9,8 @@ dropped; those run the layer's KCP tests), every bind and release of the
 modelled schedule (dropped, one name at a time), the replayed-boundary count of
 c1/c2, the arena alignment, the bytes of each pool and saved tensor (numel
 times its dtype's size), and the dtype rule (each buffer dropped in turn from
-``gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS``). Each mutant is written over the source file,
+``gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS``), and the segment terms (the summary
+row counts and table sizes of ``kernels/segments.py``). Each mutant is written over the source file,
 the query and arena tests run against it (stopping at the first failure), and
 the file is restored. The files must be committed first (a safety net: `git
 checkout` restores them if the run is killed). Exit status 1 if any mutant
@@ -33,6 +34,7 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 ROOT = CHECKOUT  # the copy the mutants are written into, once main() has made it
 QUERIES = ROOT / "gdn_kcp" / "queries"
 TESTS = [
+    "tests/test_segments.py",  # its arena checks come first: they bind every pool, segments included
     "tests/test_readme_tables.py",
     "tests/test_workspace_layout.py",
     "tests/test_kcp_context.py",
@@ -41,6 +43,8 @@ TESTS = [
     "tests/test_kcp_multirank.py",
 ]
 LAYER_TESTS = ["tests/test_layer_kcp.py"]
+SEGMENT_TESTS = ("tests/test_segments.py",)
+"""What kills the mutants of the segment row counts and table sizes."""
 """What kills the mutants of the layer's halo terms (with_conv): the layer on 1 to 4 ranks."""
 
 
@@ -197,6 +201,10 @@ def all_mutants() -> list[Mutant]:
         *binop_mutants(layout, {"tensor_nbytes"}),
         *shape_mutants(layout, "gdn_state_layout_kcp", "shapes"),
         *element_mutants(ROOT / "gdn_kcp" / "dtypes.py", "INPUT_DTYPE_BUFFERS"),
+        *element_mutants(ROOT / "gdn_kcp" / "dtypes.py", "INDEX_BUFFERS"),
+        # the copy imports kernels/ as gdn_kcp/kernels (copy_checkout)
+        *binop_mutants(ROOT / "gdn_kcp" / "kernels" / "segments.py",
+                       {"capped_summary_rows", "table_elements", "summary_rows"}, tests=SEGMENT_TESTS),
     ]
 
 

@@ -137,13 +137,11 @@ def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     }
     if d.segmented:  # intra-rank segments (kernels/segments.py): tables, phase-1 summaries, carry planes
         n_sum = d.n_sum
-        shapes.update({
-            "seg_index": (table_elements(d.ctx.index.n_frag, n_sum),),
-            "seg_summary": (n_sum, HV, K, V + K),
-            "seg_start": (n_sum, HV, K, V),
-            "seg_nu": (n_sum, HV, K, V),
-            "seg_end": (n_sum, HV, K, V),
-        })
+        shapes["seg_index"] = (table_elements(d.ctx.index.n_frag, n_sum),)
+        shapes["seg_summary"] = (n_sum, HV, K, V + K)
+        shapes["seg_start"] = (n_sum, HV, K, V)
+        shapes["seg_nu"] = (n_sum, HV, K, V)
+        shapes["seg_end"] = (n_sum, HV, K, V)
     st = d.options.save_transfer
     for name in ("c1", "c2", "b1", "b2"):
         sends, recvs = a2a_split_elements(d.ctx, name, HV, K, V, save_transfer=st)
