@@ -1,7 +1,8 @@
 """One-shot GPU check: correctness of every Triton program and of forward+backward
 against the torch programs on the same GPU, times of the Triton path, the same
 for flash-linear-attention's chunk_gated_delta_rule when ``fla`` imports, and a
-``torch.compile(mode="reduce-overhead")`` run, and a capture-once loop over 10
+``torch.compile(mode="reduce-overhead")`` run, the walk times at P = 1 and at
+the segment plan's P (one long document), and a capture-once loop over 10
 packings on capped contexts (CUDA graphs recorded, results against eager, no
 host sync under ``torch.cuda.set_sync_debug_mode("error")``). Writes ``gpu_check.json`` and
 ``gpu_check.md`` to ``--out``.
@@ -305,8 +306,59 @@ def check_capture_once(results, device, dims, dtype, bounds, steps: int | None =
     results["capture_once"] = capture
 
 
+WALK_KERNELS = ("tape_walk", "segment_summary", "compose_segments", "adjoint_walk", "adjoint_segment_summary",
+                "compose_adjoints")
+"""The kernels of the state walks and of the segment phases (profiler names start with them)."""
+
+
+def time_segments(results, device, dims, dtype, bounds):
+    """Intra-rank segments on one long document of T tokens: forward and
+    forward+backward times and the walk kernels' device times at P = 1, at the
+    plan's P (``gdn_kcp.plan``, this device's SM count) and at P = 2, 4, 8,
+    each checked against P = 1 (relative RMS of o and the gradients)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gdn_kcp.plan import plan_segments, segment_range
+
+    H_qk, HV, K, V = dims
+    T = bounds[-1]
+    ctx = build_kcp_context([0, T], device=device)
+    plan = plan_segments(ctx, HV, K, V)
+    xs = [x.requires_grad_() for x in inputs(T, H_qk, HV, K, V, dtype, device)]
+    do = torch.randn_like(xs[2])
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    rows, reference = {}, None
+    for P in sorted({1, plan, 2, 4, 8} & set(range(1, segment_range(ctx) + 1))):
+        options = OptionsKcp(use_qk_l2norm=True, segments=P)
+
+        def run():
+            return gdn_kcp(*xs, ctx, options=options)
+
+        grads = torch.autograd.grad((run() * do).sum(), xs)
+        outputs = [run().detach(), *grads]
+        if reference is None:
+            reference = outputs
+        with torch.no_grad():
+            forward = timed(run, device)
+        both = timed(lambda: torch.autograd.grad((run() * do).sum(), xs), device)
+        with profile(activities=[activity]) as prof:
+            torch.autograd.grad((run() * do).sum(), xs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        walks = {}
+        for event in prof.key_averages():
+            us = getattr(event, "device_time_total", 0) if device.type == "cuda" else event.self_cpu_time_total
+            name = next((w for w in WALK_KERNELS if event.key.startswith(w)), None)
+            if name and us > 0:
+                walks[name] = round(walks.get(name, 0) + us / 1e3, 3)
+        rows[P] = {"forward_ms": forward, "forward_backward_ms": both, "walk_kernels_ms": walks,
+                   "walk_ms": round(sum(walks.values()), 3),
+                   "max_relative_rms_vs_p1": max(rel_rms(a, b) for a, b in zip(outputs, reference))}
+    results["segments"] = {"plan_P": plan, "n_sms": ctx.n_sms, "by_P": rows}
+
+
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
-         "profile": "profile_kernels", "reduce_overhead": "check_reduce_overhead", "capture_once": "check_capture_once"}
+         "profile": "profile_kernels", "segments": "time_segments", "reduce_overhead": "check_reduce_overhead", "capture_once": "check_capture_once"}
 
 
 def main() -> None:
@@ -386,6 +438,12 @@ def markdown(r: dict) -> str:
     if r.get("kernel_ratio_fla_over_ours"):
         lines.append("- FLA time / ours, kernel by kernel: "
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["kernel_ratio_fla_over_ours"].items()))
+    if "segments" in r:
+        seg = r["segments"]
+        lines.append(f"- segments (one document of T tokens; the plan's P = {seg['plan_P']} on {seg['n_sms']} SMs): "
+                     + "; ".join(f"P = {P}: walks {row['walk_ms']:.2f} ms, forward {row['forward_ms']:.2f} ms, "
+                                 f"forward+backward {row['forward_backward_ms']:.2f} ms, rel RMS vs P = 1 "
+                                 f"{row['max_relative_rms_vs_p1']:.1e}" for P, row in seg["by_P"].items()))
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
     lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))

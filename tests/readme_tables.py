@@ -10,6 +10,7 @@ import torch
 
 from gdn_kcp import OptionsKcp
 from gdn_kcp.context import context_from_split, default_ranges
+from gdn_kcp.plan import segments_for
 from gdn_kcp.queries.layout import align
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -25,7 +26,8 @@ def example_context():
 def symbols(options: OptionsKcp) -> dict[str, object]:
     ctx = example_context()
     HV = EXAMPLE_SHAPES["HV"]
-    return dict(
+    P = segments_for(ctx, HV, EXAMPLE_SHAPES["K"], EXAMPLE_SHAPES["V"], options.segments)
+    return dict(F=ctx.index.n_frag, n_sum=ctx.summary_rows(P),
         T=ctx.n_tokens, NC=ctx.index.n_chunks, C=64, e=4, t=EXAMPLE_DTYPE.itemsize, R=ctx.R, **EXAMPLE_SHAPES,
         s_owner=ctx.owner_heads(HV), s_pad=ctx.padded_heads(HV),
         n_in=ctx.n_in, n_out=ctx.n_out, mid=ctx.rank_middle[ctx.rank], n_mid=sum(ctx.rank_middle),
