@@ -87,6 +87,7 @@ from gdn_kcp.kernels.triton._common import value_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 
 from gdn_kcp import OptionsKcp, build_kcp_context
+from gdn_kcp.plan import plan_segments
 from gdn_kcp.queries import gdn_workspace_layout_kcp
 
 SOLVE_OPS = 6
@@ -341,6 +342,55 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
     return [launch for phase, names in OUR_PROGRAMS.items() for name in names for launch in programs[name](phase)]
 
 
+def segment_walk_launches(s: Shape, e: Mapping[str, int], P: int) -> list[Launch]:
+    """The forward's state walk at P intra-rank segments (every fragment cut
+    into P, as the plan's model does): P = 1 is the tape walk alone; P > 1 is
+    phase 1 (``segment_summary``, ``[S | M]`` of every segment, value tiles
+    of the V + K columns), phase 2 (``compose_segments``, P dependent steps of
+    a K x K by K x BV product in fp32 per fragment) and phase 3 (the tape
+    walk over the F P segments)."""
+    C, K, V, HV, n = s.C, s.K, s.V, s.HV, BF16
+    BV = value_block(V)
+    NV, NS = -(-V // BV), -(-(V + K) // BV)
+    tape = Work(bf16=2 * (2 * C * K * BV), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
+                + 2 * C * BV * e["v_new"] + K * BV * e["h"])
+    if P == 1:
+        return [walk("fwd", "tape_walk_kernel", s.fragments * HV * NV, s.chunks_per_fragment, tape)]
+    steps = -(-s.chunks_per_fragment // P)
+    summary = Work(bf16=2 * (2 * C * K * BV), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
+                   + C * BV * e["v_new"])
+    compose = Work(fp32=2 * K * K * BV, bytes=(K * K + 2 * K * BV) * e["seg_summary"])
+    return [walk("fwd", "segment_summary_kernel", s.fragments * P * HV * NS, steps, summary),
+            walk("fwd", "compose_segments_kernel", s.fragments * HV * NV, P, compose),
+            walk("fwd", "tape_walk_kernel", s.fragments * P * HV * NV, steps, tape)]
+
+
+def walk_latency(facts: Mapping[str, Mapping], P: int, m: Machine = H200, s: Shape | None = None) -> float:
+    """Estimated time (s) of the forward's walk at P segments (:func:`segment_walk_launches`)."""
+    s = s or Shape()
+    e = dict(k_rstd=F32, w=BF16, v_new=BF16, h=BF16, seg_summary=F32)
+    return sum(terms(launch, facts[launch.kernel], m)["time"] for launch in segment_walk_launches(s, e, P))
+
+
+def walk_latency_table(facts: Mapping[str, Mapping], m: Machine = H200, Ps=(1, 2, 4, 8, 16),
+                       heads=(32, 4)) -> list[dict]:
+    """The forward walk's estimated time (us) over P at the full shape with HV
+    = 32 (the tape walk already HBM-bound: segments only add reads) and with
+    HV = 4 (8 programs, each bound by its SM's bandwidth: segments spread them
+    over more SMs), with the plan's P for each."""
+    rows = []
+    for P in Ps:
+        row = {"P": P}
+        for HV in heads:
+            row[f"HV={HV}"] = walk_latency(facts, P, m, replace(Shape(), HV=HV, H=min(Shape().H, HV))) * 1e6
+        rows.append(row)
+    return rows
+
+
+WALK_KERNELS = ("tape_walk_kernel", "segment_summary_kernel", "compose_segments_kernel")
+"""The kernels of the forward's walk at P segments."""
+
+
 def our_facts(K: int = 128, V: int = 128) -> dict[str, dict]:
     """Compile facts of every kernel (``compile_specs.report``: needs a fresh TRITON_CACHE_DIR)."""
     from gdn_kcp.kernels.triton.compile_specs import report
@@ -593,9 +643,13 @@ def main() -> None:
                                                          replace(machine, step_latency=machine.step_latency * x))
                                           ["total_ms"] for name in launches} for x in (0.5, 2)}
     ratio = results["ours"]["total_ms"] / results["fla"]["total_ms"] if "fla" in results else None
+    segments = walk_latency_table(facts["ours"], machine)
+    plan_ctx = replace(full_shape()[1], n_sms=machine.sms)
+    plan_p = {f"HV={hv}": plan_segments(plan_ctx, hv, shape.K, shape.V) for hv in (32, 4)}
     if args.json:
         print(json.dumps({"shape": asdict(shape), "machine": asdict(machine), "facts": facts, "results": results,
-                              "ratio_ours_over_fla": ratio, "sensitivity_total_ms": sensitivity}, indent=1))
+                              "ratio_ours_over_fla": ratio, "sensitivity_total_ms": sensitivity,
+                          "segments": {"plan_P": plan_p, "walk_latency": segments}}, indent=1))
         return
     print(markdown("Ours (gdn_kcp, Triton)", results["ours"]))
     if "fla" in results:
@@ -603,6 +657,13 @@ def main() -> None:
         print(f"\nours / FLA = {ratio:.2f}")
     for label, totals in sensitivity.items():
         print(f"at {label}: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in totals.items()))
+    print("\n### Forward walk over intra-rank segments P (one document of the shape above)\n")
+    print(f"Walk programs resident per SM as compiled: {resident(facts['ours']['tape_walk_kernel'], machine)}. "
+          "The plan (gdn_kcp.plan, 132 SMs) picks P = "
+          + ", ".join(f"{p} at {hv}" for hv, p in plan_p.items()) + ".\n")
+    print("| P | " + " | ".join(f"walk (us), {hv}" for hv in plan_p) + " |\n|---:|" + "---:|" * len(plan_p))
+    for row in segments:
+        print(f"| {row['P']} | " + " | ".join(f"{row[hv]:.0f}" for hv in plan_p) + " |")
 
 
 if __name__ == "__main__":

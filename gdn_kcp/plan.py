@@ -6,37 +6,40 @@ on every rank), the heads and head dims, and the SM count ``ctx.n_sms``: so
 the same topology gives the same P on every rank, and a capped context's P
 depends on its caps alone.
 
-Cost model, in dependent walk steps (one chunk step of a walk program; its
-latency is the same for every walk, and one step of the composition costs
-about as much):
+Cost model: the time of the forward's walks, the same model as
+``benchmarks/roofline.py``'s serial term. A walk launch of x programs, each a
+chain of s dependent steps that stream beta bytes, runs
+``waves(x) = ceil(x / (n_sms r))`` waves (r: walk programs resident per SM,
+:data:`WALK_RESIDENT`), and each step takes the longer of the step latency
+and the time the programs in flight need to stream their bytes:
+``max(STEP_LATENCY, beta in_flight / min(HBM, busy SMs x SM_BANDWIDTH))``.
 
-- a walk launch of ``x`` programs runs in ``waves(x) = ceil(x / (n_sms r))``
-  waves, ``r`` = walk programs resident per SM (:data:`WALK_RESIDENT`);
 - ``P = 1``: the tape walk, ``n`` steps (n = ``plan_chunks``) of
-  ``F HV ceil(V / BV)`` programs (F = ``plan_frags``): ``n waves(F HV Vt)``;
+  ``F HV Vt`` programs (F = ``plan_frags``, ``Vt = ceil(V / 64)``), each step
+  reading k, w, u and writing v_new and h (bf16; ``tape_step_bytes``);
 - ``P > 1``: phase 1 folds the P segments of each fragment, ``ceil(n / P)``
-  steps of ``F P HV ceil((V + K) / BV)`` programs (``[S | M]``); phase 2
-  composes P rows, ``P`` steps of ``F HV Vt`` programs; phase 3 walks the
-  ``F P`` segments, ``ceil(n / P)`` steps of ``F P HV Vt`` programs.
+  steps of ``F P HV ceil((V + K) / 64)`` programs reading k, w, u; phase 2
+  composes P rows, ``P`` steps of ``F HV Vt`` programs (fp32 M and S);
+  phase 3 walks the ``F P`` segments, ``ceil(n / P)`` steps of ``F P HV Vt``
+  programs.
 
-The plan takes the P in ``[1, min(64, n)]`` of least cost (the smaller on a
-tie). Every fragment is costed as long as the longest: an upper bound, under
-which the plan keeps P = 1 when the rank's fragments already fill the device.
-The backward mirrors the forward (adjoint summaries of width V, the forward's
-M reused), so the forward's P serves both.
+Every fragment is costed as long as the longest (an upper bound). The plan
+takes the P in ``[1, min(64, n)]`` of least cost (the smaller on a 1 % tie).
 
-Example: one document of 32,768 tokens (n = 512 chunks), HV = 32, K = V =
-128 on 132 SMs. P = 1 runs 64 programs, one wave of 512 steps. With today's
-walks (r = 1) P = 2 costs ``256 (2 + 1) + 2 = 770`` (phase 1 needs 256
-programs, two waves): segments add work, and 64 programs already hold half
-the device, so the plan keeps P = 1. With r = 2 (264 slots) P = 4 costs
-``128 (2 + 1) + 4 = 388`` and the plan picks 4 (:func:`walk_cost`,
-``resident=2``): the walks must first fit two programs per SM.
+What it says: segments pay when the walk is bound by its steps or by the
+bandwidth of the few SMs it occupies, that is when it runs few programs
+(few heads per rank, as under tensor-parallel head sharding). One document of
+32,768 tokens (n = 512) with K = V = 128 on 132 SMs: at HV = 4 (8 programs,
+each bound by its SM's bandwidth) P = 1 costs 288 us and the plan picks P = 5
+(135 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
+HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,053 us),
+so the plan keeps P = 1 (tests/test_segments.py checks these figures).
 """
 
 from __future__ import annotations
 
 from gdn_kcp.context import KcpContext
+from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
 WALK_VALUE_TILE = 64
@@ -46,26 +49,50 @@ WALK_RESIDENT = 1
 """Walk programs resident on one SM at once. The Triton walks compile (sm_90,
 bf16, K = V = 128) to 255 registers x 8 warps, the whole register file of an
 SM (the README's compile table; tests/test_triton_compile.py checks this value
-against the compile). At 4 warps two would fit, but tape_walk then spills
-1,880 B per thread at BV = 64; at BV = 32 it spills 564 B but needs twice the
-programs, which cancels the second slot."""
+against the compile)."""
+
+STEP_LATENCY = 0.27e-6
+"""Seconds of one dependent walk step (``benchmarks/roofline.py``'s default:
+two dependent cross-warp exchanges of about 250 cycles at 1.83 GHz)."""
+
+HBM_BANDWIDTH = 4.8e12
+"""Bytes per second of HBM (H200 SXM)."""
+
+SM_BANDWIDTH = 64 * 1.83e9
+"""Bytes per second one SM moves to and from L2 (64 B per clock, roofline's assumption)."""
 
 
-def _waves(programs: int, slots: int) -> int:
-    return -(-programs // slots)
+def _launch(programs: int, steps: int, step_bytes: int, n_sms: int, resident: int) -> float:
+    """Seconds of a walk launch of ``programs`` chains of ``steps`` steps."""
+    if programs == 0 or steps == 0:
+        return 0.0
+    in_flight = min(programs, n_sms * resident)
+    waves = -(-programs // in_flight)
+    bandwidth = min(HBM_BANDWIDTH, min(programs, n_sms) * SM_BANDWIDTH)
+    return waves * steps * max(STEP_LATENCY, step_bytes * in_flight / bandwidth)
+
+
+def tape_step_bytes(K: int, V: int) -> int:
+    """Bytes one tape-walk program moves per step at bf16: k and w rows, the
+    k norm and gate, u read and v_new written, the h tile."""
+    C, BV = CHUNK_SIZE, min(WALK_VALUE_TILE, V)
+    return 2 * C * K * 2 + C * (4 + 2) + 2 * C * BV * 2 + K * BV * 2
 
 
 def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms: int,
-              resident: int = WALK_RESIDENT) -> int:
-    """Dependent steps of the forward walks at P segments (the module's model)."""
-    slots, F = n_sms * resident, max(frags, 1)
+              resident: int = WALK_RESIDENT) -> float:
+    """Seconds of the forward's walks at P segments (the module's model)."""
+    C, F = CHUNK_SIZE, max(frags, 1)
+    BV = min(WALK_VALUE_TILE, V)
     tiles = -(-V // WALK_VALUE_TILE)
     if P == 1:
-        return chunks * _waves(F * HV * tiles, slots)
+        return _launch(F * HV * tiles, chunks, tape_step_bytes(K, V), n_sms, resident)
     steps = -(-chunks // P)
-    summary = _waves(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), slots)
-    walk = _waves(F * P * HV * tiles, slots)
-    return steps * (summary + walk) + P * _waves(F * HV * tiles, slots)
+    summary_bytes = 2 * C * K * 2 + C * (4 + 2) + C * BV * 2
+    compose_bytes = (K * K + 2 * K * BV) * 4
+    return (_launch(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary_bytes, n_sms, resident)
+            + _launch(F * HV * tiles, P, compose_bytes, n_sms, resident)
+            + _launch(F * P * HV * tiles, steps, tape_step_bytes(K, V), n_sms, resident))
 
 
 def segment_range(ctx: KcpContext) -> int:
@@ -81,7 +108,8 @@ def plan_segments(ctx: KcpContext, HV: int, K: int, V: int) -> int:
         return 1
     costs = {P: walk_cost(P, chunks=chunks, frags=ctx.plan_frags, HV=HV, K=K, V=V, n_sms=ctx.n_sms)
              for P in range(1, min(MAX_SEGMENTS, chunks) + 1)}
-    return min(costs, key=lambda P: (costs[P], P))
+    best = min(costs.values())
+    return min(P for P, cost in costs.items() if cost <= best * 1.01)  # the smallest P within 1 % of the best
 
 
 def segments_for(ctx: KcpContext, HV: int, K: int, V: int, segments: int | None) -> int:

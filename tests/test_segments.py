@@ -4,6 +4,8 @@ range, and the plan."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from arena_cases import CAPPED_MAX_DOCS, SEGMENT_PACKINGS, run_arena
@@ -71,21 +73,32 @@ def test_segments_option_range():
 
 
 def test_plan_cost_model():
-    """The documented model at the long-document shape (T = 32768, HV = 32,
-    K = V = 128, 132 SMs): with one walk program resident per SM (today's
-    walks) segments add a wave and the plan keeps P = 1; at two resident
-    programs the cost falls with P and P = 4 is best."""
-    from gdn_kcp.plan import walk_cost
+    """The documented model on one document of 32,768 tokens (n = 512 chunks),
+    K = V = 128, 132 SMs: at HV = 32 the tape walk is HBM-bound (2.2 GB at
+    4.8 TB/s) and segments only add phase 1's reads: P = 1; at HV = 4 its 8
+    programs are each bound by one SM's bandwidth, and segments spread them:
+    P = 5 at under half the time."""
+    from gdn_kcp.plan import plan_segments, tape_step_bytes, walk_cost
+    from gdn_kcp.context import context_from_split
 
-    shape = dict(chunks=512, frags=1, HV=32, K=128, V=128, n_sms=132)
-    assert walk_cost(1, **shape, resident=1) == 512
-    assert walk_cost(2, **shape, resident=1) == 256 * (2 + 1) + 2
-    assert min(range(1, 65), key=lambda P: walk_cost(P, **shape, resident=1)) == 1
-    two = {P: walk_cost(P, **shape, resident=2) for P in range(1, 65)}
-    assert two[4] == 128 * (2 + 1) + 4 < two[1] == 512
-    assert min(two, key=lambda P: (two[P], P)) == 4
-    # many fragments fill the device: P = 1 whatever the residency
-    assert min(range(1, 65), key=lambda P: walk_cost(P, **dict(shape, frags=64), resident=2)) == 1
+    shape = dict(chunks=512, frags=1, K=128, V=128, n_sms=132)
+    assert tape_step_bytes(128, 128) == 65920
+    assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * 65920 * 64 / 4.8e12)  # 450 us
+    assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(1053, abs=1)
+    assert walk_cost(1, HV=4, **shape) == pytest.approx(512 * 65920 / (64 * 1.83e9))  # 288 us
+    assert walk_cost(5, HV=4, **shape) * 1e6 == pytest.approx(134.5, abs=0.5)
+    ctx = context_from_split([0, 32768], [(0, 32768)], 0, n_sms=132)
+    assert plan_segments(ctx, 32, 128, 128) == 1
+    assert plan_segments(ctx, 4, 128, 128) == 5
+    assert plan_segments(context_from_split([0, 32768], [(0, 32768)], 0, n_sms=2), 4, 128, 128) == 1
+    # many fragments fill the device: P = 1
+    assert min(range(1, 65), key=lambda P: walk_cost(P, HV=4, **dict(shape, frags=64))) == 1
+    # the README's table of the plan
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for HV in (32, 8, 4, 2):
+        P = plan_segments(ctx, HV, 128, 128)
+        row = f"| {HV} | {walk_cost(1, HV=HV, **shape) * 1e6:.0f} us | {P} | {walk_cost(P, HV=HV, **shape) * 1e6:.0f} us |"
+        assert row in readme, row
 
 
 def test_plan_is_the_same_on_every_rank():
@@ -97,13 +110,13 @@ def test_plan_is_the_same_on_every_rank():
     bounds, ranges = [0, 10, 30000, 30010, 65536], [(0, 16384), (16384, 16384), (16384, 40000), (40000, 65536)]
     for n_sms in (1, 132, 10_000):
         for max_docs in (None, 8):
-            plans = {plan_segments(context_from_split(bounds, ranges, r, n_sms=n_sms, max_docs=max_docs), 8, 64, 64)
+            plans = {plan_segments(context_from_split(bounds, ranges, r, n_sms=n_sms, max_docs=max_docs), 2, 128, 128)
                      for r in range(4)}
             assert len(plans) == 1, (n_sms, max_docs, plans)
     # a device wide enough for every segment program: the plan cuts the long document
-    wide = context_from_split(bounds, ranges, 1, n_sms=10_000)
-    assert plan_segments(wide, 8, 64, 64) > 1
-    assert plan_segments(context_from_split(bounds, ranges, 1, n_sms=2), 8, 64, 64) == 1
+    wide = context_from_split(bounds, ranges, 1, n_sms=132)
+    assert plan_segments(wide, 2, 128, 128) > 1
+    assert plan_segments(context_from_split(bounds, ranges, 1, n_sms=2), 2, 128, 128) == 1
 
 
 def test_budget_prints_p():
@@ -112,6 +125,6 @@ def test_budget_prints_p():
 
     out = subprocess.run([sys.executable, "-m", "gdn_kcp", "budget", "--docs", "32768", "--hq", "16", "--hv", "32",
                           "--segments", "4"], capture_output=True, text=True, check=True).stdout
-    assert "segments: the plan's P = 1 on 132 SMs (longest fragment 512 chunks" in out
+    assert "segments: the plan's P = 1 on 132 SMs (longest fragment 512 chunks" in out  # HV = 32: HBM-bound
     assert "segments P = 4: 4 summary rows" in out
     assert "fwd.phase.segments" in out and "bwd.phase.compose_adjoint" in out
