@@ -392,9 +392,9 @@ def context_from_split(
         index=index, device_index=index.to(device), n_sms=n_sms,
         plan_chunks=max((-(-(f[2] - f[1]) // CHUNK_SIZE) for frags in every_rank for f in frags), default=0),
         plan_frags=max(len(frags) for frags in every_rank),
-        segment_rows=tuple(
-            summary_rows(index.frag_n_chunks.tolist(), index.frag_flags.tolist(), P, index.max_frag_chunks,
-                         exchanges=bool(chains))
+        segment_rows=tuple(  # from the host fragments: no read of the tables (they may be fake tensors)
+            summary_rows([-(-(f[2] - f[1]) // CHUNK_SIZE) for f in mine], [f[3] for f in mine], P,
+                         index.max_frag_chunks, exchanges=bool(chains))
             for P in range(1, MAX_SEGMENTS + 1)
         ),
     )
