@@ -10,6 +10,7 @@ from gdn_kcp.dtypes import buffer_dtype
 from gdn_kcp.kernels import CHUNK_SIZE, CROSSING_IN, CROSSING_OUT, ChunkIndex
 from gdn_kcp.kernels import torch as torch_programs
 from gdn_kcp.kernels.chunk_index import capped_index
+from gdn_kcp.kernels.segments import segment_tables, summary_rows, table_elements
 
 SPARE_DOCS = 2
 """Zero-length documents past the range in a capped index: sentinel rows."""
@@ -112,6 +113,109 @@ def compare_with_torch(programs, **case) -> dict[str, float]:
             assert not ours[name].any() and not expected.any(), name
             continue
         assert expected.abs().max() > 0, name  # every program writes something to compare
+        scale = expected.double().abs().max()
+        errors[name] = ((ours[name].double() - expected.double()).abs().max() / scale).item()
+    return errors
+
+
+def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype,
+                         seed: int, l2: bool, crossing: bool, P: int, device: str = "cpu", capped: bool = False,
+                         segmented: bool = True) -> dict[str, torch.Tensor]:
+    """The programs of intra-rank segments (:mod:`gdn_kcp.kernels.segments`) in
+    host-path order: phase 1 (``[S | M]`` with and without u, ``nu``), phase 2
+    (the folds of the crossing fragments and the carry planes) and phase 3 (the
+    tape walk and the adjoint walk over the segmented index with ``carry_in``),
+    on the tapes of the torch prep and the torch local dv (the same inputs for
+    every backend). ``segmented=False``: the unsegmented torch programs on the
+    same inputs (summary walk, adjoint summary, the walks over ``index``), under
+    the names of what they equal."""
+    gen = torch.Generator().manual_seed(seed)
+    T = bounds[-1]
+    inputs = make_inputs(T, H_qk, HV, K, V, dtype=torch.float64, seed=seed, l2=l2)
+    q, k, v, g, beta = [x[0].to(device=device, dtype=dtype) for x in inputs]
+    index, N = build_index(bounds, crossing, capped, device)
+    cdt = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def new(*shape, pool: str = ""):
+        return torch.zeros(shape, dtype=buffer_dtype(pool, dtype) if pool else cdt, device=device)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=cdt)
+
+    norms = dict(q_rstd=new(T, H_qk), k_rstd=new(T, H_qk)) if l2 else dict(q_rstd=None, k_rstd=None)
+    A, w, u = new(T, HV, CHUNK_SIZE, pool="A"), new(T, HV, K, pool="w"), new(T, HV, V, pool="v_new")
+    torch_programs.prep(q, k, v, g, beta, index, A_out=A, w_out=w, u_out=u, q_rstd_out=norms["q_rstd"],
+                        k_rstd_out=norms["k_rstd"])
+    scale = K**-0.5
+    do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+    dv_local = new(T, HV, V, pool="dv_new")
+    torch_programs.bwd_local_dv(q, k, g, do, index, scale=scale, dv_out=dv_local, **norms)
+    state0, s_in = randn(N, HV, K, V), randn(1, HV, K, V) if crossing else None
+    d_final, lam = randn(N, HV, K, V), randn(1, HV, K, V) if crossing else None
+    host = index.frag_table.cpu()
+    n_sum = summary_rows(host[3].tolist(), host[5].tolist(), P, index.max_frag_chunks, exchanges=crossing)
+    tables = segment_tables(index, P, n_sum, exchanges=crossing,
+                            out=torch.empty(table_elements(index.n_frag, n_sum), dtype=torch.int32, device=device))
+    assert n_sum > 0 and tables.n_sum == n_sum
+    rows = tables.frag_rows
+    out: dict[str, torch.Tensor] = {}
+    out.update(fold=new(1, HV, K, V + K), h=new(index.n_chunks, HV, K, V, pool="h"), v_new=u.clone(),
+               final=new(N, HV, K, V), nu_fold=new(1, HV, K, V), dh=new(index.n_chunks, HV, K, V, pool="dh"),
+               dv_new=dv_local.clone(), d_initial=new(N, HV, K, V))
+    if not segmented:
+        programs.summary_walk(k, w, u, g, index, k_rstd=norms["k_rstd"], initial_state=state0,
+                              s_loc_out=out["fold"][..., :V], m_out=out["fold"][..., V:])
+        programs.tape_walk(k, w, out["v_new"], g, index, k_rstd=norms["k_rstd"], initial_state=state0, s_in=s_in,
+                           h_out=out["h"], v_new_out=out["v_new"], final_state_out=out["final"])
+        programs.adjoint_summary(q, k, w, g, do, dv_local, index, scale=scale, d_final_state=d_final,
+                                 nu_out=out["nu_fold"], **norms)
+        programs.adjoint_walk(q, k, w, g, do, out["dv_new"], index, scale=scale, d_final_state=d_final,
+                              lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"],
+                              d_initial_state_out=out["d_initial"], **norms)
+        return split_fold(out, V)
+    out.update(summary_m=new(n_sum, HV, K, V + K), summary=new(n_sum, HV, K, V + K), start=new(n_sum, HV, K, V),
+               nu=new(n_sum, HV, K, V), end=new(n_sum, HV, K, V))
+    # phase 1
+    programs.segment_summary(k, w, None, g, tables.summary, k_rstd=norms["k_rstd"], summary_out=out["summary_m"])
+    programs.segment_summary(k, w, u, g, tables.summary, k_rstd=norms["k_rstd"], summary_out=out["summary"])
+    # phase 2: the KCP summary of the crossing-out fragment (a column view of one pool), then the carry plane
+    programs.compose_segments(out["summary"], index, rows, P, initial_state=state0, s_in=None, start_out=None,
+                              final_state_out=None, s_loc_out=out["fold"][..., :V], m_out=out["fold"][..., V:])
+    programs.compose_segments(out["summary"], index, rows, P, initial_state=state0, s_in=s_in,
+                              start_out=out["start"], final_state_out=out["final"], s_loc_out=None, m_out=None)
+    # phase 3
+    programs.tape_walk(k, w, out["v_new"], g, tables.walk, k_rstd=norms["k_rstd"], initial_state=state0, s_in=s_in,
+                       h_out=out["h"], v_new_out=out["v_new"], final_state_out=out["final"], carry_in=out["start"])
+    # backward: phase 1, the crossing-in fragment's nu, the carry plane, phase 3
+    programs.adjoint_segment_summary(q, k, w, g, do, dv_local, tables.summary, scale=scale, nu_out=out["nu"],
+                                     **norms)
+    programs.compose_adjoints(out["nu"], out["summary"], index, rows, P, d_final_state=d_final, lam=None,
+                              end_out=None, nu_out=out["nu_fold"])
+    programs.compose_adjoints(out["nu"], out["summary"], index, rows, P, d_final_state=d_final, lam=lam,
+                              end_out=out["end"], nu_out=None)
+    programs.adjoint_walk(q, k, w, g, do, out["dv_new"], tables.adjoint, scale=scale, d_final_state=d_final,
+                          lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"], d_initial_state_out=out["d_initial"],
+                          carry_in=out["end"], **norms)
+    return split_fold(out, V)
+
+
+def split_fold(out: dict[str, torch.Tensor], V: int) -> dict[str, torch.Tensor]:
+    """``out`` with its ``[S_loc | M]`` pool as two entries (M is zero unless the fold crosses in and out)."""
+    fold = out.pop("fold")
+    return dict(out, s_loc=fold[..., :V], m=fold[..., V:])
+
+
+def compare_segments_with_torch(programs, **case) -> dict[str, float]:
+    """Relative max error of every tensor :func:`run_segment_programs` writes
+    against the torch twin; a tensor the twin leaves zero (the M of a fold
+    that does not cross in) must be exactly zero in both."""
+    ours, twin = run_segment_programs(programs, **case), run_segment_programs(torch_programs, **case)
+    errors = {}
+    for name, expected in twin.items():
+        if not expected.any():
+            assert not ours[name].any(), name
+            errors[name] = 0.0
+            continue
         scale = expected.double().abs().max()
         errors[name] = ((ours[name].double() - expected.double()).abs().max() / scale).item()
     return errors

@@ -1,15 +1,17 @@
 """Each Triton program under TRITON_INTERPRET=1 against its torch twin: odd T,
 several documents (zero-length and one-token ones among them), GVA, the L2 norm, crossing
-fragments with S_in / lambda_end, K = V in {32, 64}, V = 128 (two value tiles); fp32 and bf16 inputs."""
+fragments with S_in / lambda_end, K = V in {32, 64}, V = 128 (two value tiles); fp32 and bf16 inputs.
+Intra-rank segments: the four segment programs and the walks over a segmented
+index with carry planes, and a whole call at P = 3."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from gdn_inputs import make_inputs, rel_rms
-from program_cases import compare_with_torch
+from program_cases import compare_segments_with_torch, compare_with_torch, run_segment_programs
 
-from gdn_kcp import build_kcp_context, gdn_kcp
+from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
 from gdn_kcp.host.programs import use_programs
 
 triton = pytest.importorskip("triton")
@@ -44,9 +46,11 @@ def test_triton_programs_match_torch_twins(name):
     bad = {k: v for k, v in errors.items() if not v < TOLERANCE[case["dtype"]]}
     assert not bad, bad
 
-def test_forward_and_backward_through_the_ops_with_triton_programs():
+@pytest.mark.parametrize("segments", [1, 3])
+def test_forward_and_backward_through_the_ops_with_triton_programs(segments):
     """A whole gdn_kcp call (ops, host path, workspace) on the Triton programs
-    equals the same call on the torch programs."""
+    equals the same call on the torch programs; at P = 3 the 3-chunk document
+    walks as 3 segments."""
     bounds = [0, 20, 20, 150, 170]
     ctx = build_kcp_context(bounds)
     inputs = make_inputs(170, 1, 2, 32, 32, dtype=torch.float32, seed=4, l2=True)
@@ -55,8 +59,58 @@ def test_forward_and_backward_through_the_ops_with_triton_programs():
     for backend in ("torch", "triton"):
         leaves = [x.clone().requires_grad_() for x in inputs]
         with use_programs("cpu", backend):
-            o = gdn_kcp(*leaves, ctx, use_qk_l2norm=True)
+            o = gdn_kcp(*leaves, ctx, options=OptionsKcp(segments=segments, use_qk_l2norm=True))
             grads = torch.autograd.grad((o * do).sum(), leaves)
         results.append([o.detach(), *grads])
     for ours, twin in zip(*results):
         assert rel_rms(ours, twin) < 1e-5
+
+
+# Intra-rank segments: phase 1 and 2 programs and the walks over a segmented
+# index with carry_in. "several": fragments of 2, 1, 6 and 1 chunks at P = 3
+# (L = 2: the long one has 3 segments, the crossing ones 1 row each, the short
+# inner one none); "middle": one fragment that crosses in and out (its fold has
+# an M) on a capped index (sentinel rows after it), 4 chunks at P = 2.
+SEGMENT_CASES = {
+    "fp32-several-l2-K32": dict(bounds=(0, 70, 75, 400, 460), H_qk=1, HV=2, K=32, V=32, dtype=torch.float32,
+                                seed=11, l2=True, crossing=True, P=3),
+    "bf16-several-gva-K32": dict(bounds=(0, 70, 75, 400, 460), H_qk=1, HV=2, K=32, V=32, dtype=torch.bfloat16,
+                                 seed=12, l2=False, crossing=True, P=3),
+    "fp32-middle-capped": dict(bounds=(0, 200), H_qk=1, HV=1, K=32, V=32, dtype=torch.float32, seed=13, l2=True,
+                               crossing=True, P=2, capped=True),
+    # V = 128: two value tiles of the states, three column tiles of [S | M] (V + K = 160)
+    "bf16-V128": dict(bounds=(0, 5, 200), H_qk=1, HV=1, K=32, V=128, dtype=torch.bfloat16, seed=14, l2=True,
+                      crossing=True, P=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEGMENT_CASES))
+def test_triton_segment_programs_match_torch_twins(name):
+    from gdn_kcp.kernels import triton as triton_programs
+
+    case = SEGMENT_CASES[name]
+    errors = compare_segments_with_torch(triton_programs, **case)
+    assert len(errors) == 14
+    bad = {k: v for k, v in errors.items() if not v < TOLERANCE[case["dtype"]]}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(SEGMENT_CASES) if SEGMENT_CASES[n]["dtype"] == torch.float32])
+def test_torch_segment_programs_equal_the_unsegmented_walks(name):
+    """The torch segment programs (the twins' reference) give the states, tapes,
+    folds and gradients of the unsegmented torch programs (fp32: to rounding)."""
+    from gdn_kcp.kernels import torch as torch_programs
+
+    case = SEGMENT_CASES[name]
+    segmented = run_segment_programs(torch_programs, **case)
+    plain = run_segment_programs(torch_programs, **case, segmented=False)
+    assert plain["m"].any() == (name == "fp32-middle-capped")
+    errors = {}
+    for key, expected in plain.items():
+        scale = expected.double().abs().max()
+        if scale == 0:  # no final state / initial-state gradient / M of this case: none written
+            assert not segmented[key].any(), key
+            continue
+        errors[key] = ((segmented[key].double() - expected.double()).abs().max() / scale).item()
+    bad = {k: v for k, v in errors.items() if not v < 1e-5}
+    assert not bad, bad

@@ -4,8 +4,16 @@ One file per program (kernels + one thin launcher), the same signatures as
 ``kernels.torch``. Packed varlen through the chunk index (no host sync), K and V
 up to 128 in one tile, bf16/fp16/fp32 inputs with fp32 accumulation, fp32 (or
 fp64) states and M.
+
+Segments (P > 1, :mod:`gdn_kcp.kernels.segments`): :func:`segment_summary`,
+:func:`compose_segments` (forward phases 1 and 2), :func:`adjoint_segment_summary`,
+:func:`compose_adjoints` (backward); phase 3 is :func:`tape_walk` /
+:func:`adjoint_walk` on the segmented index with ``carry_in``. The compositions
+multiply exactly in the compute dtype (fp32 FMA, no tensor cores): states and M
+are never rounded.
 """
 
+from .adjoint_segment_summary import adjoint_segment_summary
 from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .bwd_dqkwg import bwd_dqkwg
@@ -13,13 +21,17 @@ from .bwd_gate_cumsum import bwd_gate_cumsum
 from .bwd_local_dv import bwd_local_dv
 from .bwd_qk_norm import bwd_qk_norm
 from .bwd_wy import bwd_wy
+from .compose_adjoints import compose_adjoints
+from .compose_segments import compose_segments
 from .output import output
 from .prep import prep
+from .segment_summary import segment_summary
 from .short_conv import short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
 
 __all__ = [
+    "adjoint_segment_summary",
     "adjoint_summary",
     "adjoint_walk",
     "bwd_dqkwg",
@@ -27,8 +39,11 @@ __all__ = [
     "bwd_local_dv",
     "bwd_qk_norm",
     "bwd_wy",
+    "compose_adjoints",
+    "compose_segments",
     "output",
     "prep",
+    "segment_summary",
     "short_conv_bwd",
     "short_conv_fwd",
     "summary_walk",

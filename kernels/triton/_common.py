@@ -265,6 +265,43 @@ def load_state_rows(ptr, row, H, h, K, V, k0, col0, BK: tl.constexpr, BV: tl.con
 
 
 @triton.jit
+def load_state_cols(ptr, row, H, h, K, W, col0, width, BK: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr):
+    """``[BK, BV]`` tile (columns ``[col0, col0 + BV)`` below ``width``, zero past it) of
+    state ``row`` of an ``[N, H, K, W]`` tensor: the S or M block of a ``[S | M]`` plane."""
+    o_k = tl.arange(0, BK)
+    o_v = col0 + tl.arange(0, BV)
+    p = ptr + ((row * H + h).to(tl.int64) * K + o_k[:, None]) * W + o_v[None, :]
+    return tl.load(p, mask=(o_k[:, None] < K) & (o_v[None, :] < width), other=0.0).to(ACC)
+
+
+@triton.jit
+def exact_product(summary, row, H, h, K, V, x, BK: tl.constexpr, BV: tl.constexpr, BKB: tl.constexpr,
+                  TRANS: tl.constexpr, ACC: tl.constexpr):
+    """``M x`` (``M^T x`` with ``TRANS``), exact in ``ACC`` (``input_precision="ieee"``),
+    for the M of row ``row`` of a ``[N, H, K, V + K]`` plane ``[S | M]`` and a
+    ``[BK, BV]`` tile ``x``. K is summed in blocks of BKB: each block's rows of x
+    come out of the registers by a masked sum (exact: it adds zeros) and its M
+    columns (rows) from memory, so an FMA product holds BKB-long operands per
+    thread (``compose_segments.BV_COMPOSE`` has the measurements)."""
+    o_i = tl.arange(0, BK)
+    o_j = tl.arange(0, BKB)
+    o_b = tl.arange(0, BK // BKB)
+    x_blocks = tl.reshape(x, [BK // BKB, BKB, BV])
+    base = summary + (row * H + h).to(tl.int64) * K * (V + K) + V
+    acc = tl.zeros([BK, BV], dtype=ACC)
+    for i_b in range(0, BK // BKB):
+        o_kb = i_b * BKB + o_j
+        if TRANS:  # element (i, j) = M[kb + j, i]
+            p = base + o_kb[None, :].to(tl.int64) * (V + K) + o_i[:, None]
+        else:  # element (i, j) = M[i, kb + j]
+            p = base + o_i[:, None].to(tl.int64) * (V + K) + o_kb[None, :]
+        b_m = tl.load(p, mask=(o_i[:, None] < K) & (o_kb[None, :] < K), other=0.0).to(ACC)
+        b_x = tl.sum(tl.where(o_b[:, None, None] == i_b, x_blocks, 0.0), 0)
+        acc += tl.dot(b_m, b_x, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def store_state(ptr, x, row, H, h, K, V, col0, BK: tl.constexpr, BV: tl.constexpr):
     o_k = tl.arange(0, BK)
     o_v = col0 + tl.arange(0, BV)
@@ -303,6 +340,20 @@ def frag_info(frag_table, n_frag, f):
     initial_row = f - (tl.load(frag_table + 5 * n_frag) & 1)  # fragment 0 is the only one that can cross in
     flags = tl.load(frag_table + 5 * n_frag + f)
     return first, count, initial_row, flags
+
+
+@triton.jit
+def carry_row(frag_table, n_frag, f):
+    """Row ``f``'s row of the carry plane (``frag_carry``, the seventh row of a
+    phase-3 index of :mod:`gdn_kcp.kernels.segments`; read for ``SEGMENT`` rows only)."""
+    return tl.load(frag_table + 6 * n_frag + f)
+
+
+@triton.jit
+def segment_rows(frag_rows, n_frag, f):
+    """Fragment ``f``'s first summary row and row count (``frag_rows`` ``[2, n_frag]``
+    of :mod:`gdn_kcp.kernels.segments`; 0 rows when it is not composed)."""
+    return tl.load(frag_rows + f), tl.load(frag_rows + n_frag + f)
 
 
 @triton.jit

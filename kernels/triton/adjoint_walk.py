@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_qk, load_rows_cols, load_state, mm_mode,
-                      pointer, store_rows_cols, store_state, value_block, walk_operands)
+from ._common import (BT, acc_dtype, carry_row, dot, frag_info, head_block, load_qk, load_rows_cols, load_state,
+                      mm_mode, pointer, store_rows_cols, store_state, value_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -33,12 +33,12 @@ def adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_las
 
 @triton.jit
 def adjoint_walk_kernel(
-    q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, dh, dv, d_initial,
-    scale,
+    q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, carry_in, dh, dv,
+    d_initial, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, GATE: tl.constexpr,
-    ACC: tl.constexpr, MM: tl.constexpr,
+    HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_CARRY: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
@@ -51,6 +51,9 @@ def adjoint_walk_kernel(
     if HAS_LAM:
         if (flags & 2) != 0:
             dS = load_state(lam, 0, HV, i_h, K, V, col, BK, BV, ACC)
+    if HAS_CARRY:
+        if (flags & 8) != 0:  # SEGMENT: a segment row ends at its carry-plane row (frag_table row 6)
+            dS = load_state(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BK, BV, ACC)
     for jj in range(0, count):
         c = first + count - 1 - jj
         store_state(dh, dS, c, HV, i_h, K, V, col, BK, BV)
@@ -82,8 +85,11 @@ def adjoint_walk(
     dh_out: torch.Tensor,
     dv_out: torch.Tensor,
     d_initial_state_out: torch.Tensor | None,
+    carry_in: torch.Tensor | None = None,
 ) -> None:
-    """See ``kernels.torch.adjoint_walk`` (``dv_local`` and ``dv_out`` may be one tensor)."""
+    """See ``kernels.torch.adjoint_walk`` (``dv_local`` and ``dv_out`` may be one tensor; with
+    ``carry_in`` ``[n_sum, HV, K, V]``, ``index`` is a phase-3 index with its ``frag_carry`` row)."""
+    has_carry = carry_in is not None and carry_in.shape[0] > 0
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
     if index.n_frag == 0:
@@ -93,10 +99,11 @@ def adjoint_walk(
     adjoint_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table,
-        pointer(d_final_state, spare), pointer(lam_out, spare),
+        pointer(d_final_state, spare), pointer(lam_out, spare), carry_in if has_carry else spare,
         dh_out, dv_out, pointer(d_initial_state_out, spare), scale,
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
-        HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, GATE=gate_params is not None,
+        HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, HAS_CARRY=has_carry,
+        GATE=gate_params is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -26,6 +26,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from ._common import BT, head_block, value_block
+from .adjoint_segment_summary import adjoint_segment_summary_kernel
 from .adjoint_summary import adjoint_summary_kernel
 from .adjoint_walk import adjoint_walk_kernel
 from .bwd_dqkwg import BKS_DQKWG, BV_DQKWG, bwd_dqkwg_kernel
@@ -33,8 +34,11 @@ from .bwd_gate_cumsum import bwd_gate_cumsum_kernel
 from .bwd_local_dv import bwd_local_dv_kernel
 from .bwd_qk_norm import BT_NORM, bwd_qk_norm_kernel
 from .bwd_wy import bwd_wy_kernel
+from .compose_adjoints import compose_adjoints_kernel
+from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import output_kernel
 from .prep import l2_rstd_kernel, prep_kernel
+from .segment_summary import segment_summary_kernel
 from .short_conv import (BD_CONV, BT_CONV, DW_BLOCKS, short_conv_bwd_dw_kernel, short_conv_bwd_dx_kernel,
                          short_conv_fwd_kernel)
 from .summary_walk import summary_walk_kernel
@@ -44,7 +48,7 @@ SHARED_MEMORY_LIMIT = 232_448
 """Dynamic shared memory per block on the H100 / H200 (227 KiB)."""
 
 FLOATS = {"scale"}
-INDEX_TABLES = {"chunk_table", "frag_table", "reach"}
+INDEX_TABLES = {"chunk_table", "frag_table", "frag_rows", "reach"}
 # Pointers in the input dtype (bf16 here): inputs, outputs, and the buffers of
 # gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS (A, w, u / v_new, h, dh, dv_new, dq_heads,
 # dk_heads, dw); every other pointer is fp32.
@@ -57,6 +61,10 @@ INPUT_POINTERS = {
     "bwd_local_dv_kernel": {"q", "g", "k", "do", "dv"},
     "adjoint_walk_kernel": {"q", "g", "k", "w", "do", "dv_local", "dh", "dv"},
     "adjoint_summary_kernel": {"q", "g", "k", "w", "do", "dv_local"},
+    "segment_summary_kernel": {"k", "g", "w", "u"},
+    "adjoint_segment_summary_kernel": {"q", "g", "k", "w", "do", "dv_local"},
+    "compose_segments_kernel": set(),  # summaries, states and carry planes: all fp32
+    "compose_adjoints_kernel": set(),
     "bwd_dqkwg_kernel": {"q", "g", "k", "h", "v_new", "do", "dh", "dv_new", "dq", "dk", "dw"},
     "bwd_wy_kernel": {"k", "g", "v", "beta", "A", "dw", "du", "dk_acc", "dv", "dbeta"},
     "bwd_gate_cumsum_kernel": {"dg"},
@@ -65,7 +73,7 @@ INPUT_POINTERS = {
     "short_conv_bwd_dx_kernel": {"x", "w", "b", "halo", "dy", "dx", "dhalo"},
     "short_conv_bwd_dw_kernel": {"x", "w", "b", "halo", "dy"},
 }
-INTS = {"n_chunks", "n_frag", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
+INTS = {"n_chunks", "n_frag", "max_rows", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
 
 
 def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
@@ -74,17 +82,31 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     # bf16 inputs (products on bf16 operands), the layer's in-kernel gate
     walk = dict(BT=BT, BK=BK, BV=BV, HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16")
     beta = dict(BETA_SIGMOID=True, BETA_SCALE=1.0)
+    # segments, phase 2: fp32 summaries and states, exact products (no MM)
+    compose = dict(BK=BK, BV=min(BV_COMPOSE, value_block(V)), BKB=min(BKB_COMPOSE, BK), ACC=tl.float32)
     conv = dict(W=4, HAS_BIAS=True, HAS_HALO=True, BT=BT_CONV, BD=BD_CONV, ACC=tl.float32)
     return [
         ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
         ("prep_kernel", prep_kernel, dict(walk, STORE_A=True, **beta)),
-        ("tape_walk_kernel", tape_walk_kernel, dict(walk, HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True)),
+        ("tape_walk_kernel", tape_walk_kernel,
+         dict(walk, HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, IS_M=False)),
         ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=value_block(K), IS_M=True)),
         ("output_kernel", output_kernel, walk),
         ("bwd_local_dv_kernel", bwd_local_dv_kernel, walk),
-        ("adjoint_walk_kernel", adjoint_walk_kernel, dict(walk, HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True)),
+        ("adjoint_walk_kernel", adjoint_walk_kernel,
+         dict(walk, HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
+        ("segment_summary_kernel", segment_summary_kernel, dict(walk, BV=value_block(V + K), HAS_U=True)),
+        ("compose_segments_kernel", compose_segments_kernel, dict(compose, HAS_INITIAL=True, HAS_S_IN=True,
+                                                                  HAS_START=True, HAS_FINAL=True, HAS_OUT=False,
+                                                                  LAST_ONLY=False, IS_M=False)),
+        ("compose_segments_kernel[M]", compose_segments_kernel,
+         dict(compose, BV=min(BV_COMPOSE, value_block(K)), HAS_INITIAL=False, HAS_S_IN=False, HAS_START=False,
+              HAS_FINAL=False, HAS_OUT=True, LAST_ONLY=True, IS_M=True)),
+        ("adjoint_segment_summary_kernel", adjoint_segment_summary_kernel, walk),
+        ("compose_adjoints_kernel", compose_adjoints_kernel,
+         dict(compose, HAS_FINAL=True, HAS_LAM=True, HAS_END=True, HAS_OUT=False, FIRST_ONLY=False)),
         ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, dict(walk, BKS=BKS_DQKWG, BV=BV_DQKWG)),
         ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, BKS=min(32, BK), **beta)),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),

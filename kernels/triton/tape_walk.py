@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, load_state, mm_mode, pointer,
-                      store_rows_cols, store_state, value_block, walk_operands)
+from ._common import (BT, acc_dtype, carry_row, dot, frag_info, head_block, load_rows_cols, load_state, mm_mode,
+                      pointer, store_rows_cols, store_state, value_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -19,11 +19,12 @@ NUM_WARPS = 8
 
 @triton.jit
 def tape_walk_kernel(
-    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, s_in, h_out, v_new, final_state,
+    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, s_in, carry_in, h_out, v_new,
+    final_state,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, GATE: tl.constexpr,
-    ACC: tl.constexpr, MM: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_CARRY: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
@@ -36,6 +37,9 @@ def tape_walk_kernel(
     if HAS_S_IN:
         if (flags & 1) != 0:
             S = load_state(s_in, 0, HV, i_h, K, V, col, BK, BV, ACC)
+    if HAS_CARRY:
+        if (flags & 8) != 0:  # SEGMENT: a segment row starts at its carry-plane row (frag_table row 6)
+            S = load_state(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BK, BV, ACC)
     for j in range(0, count):
         c = first + j
         store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
@@ -63,8 +67,11 @@ def tape_walk(
     h_out: torch.Tensor,
     v_new_out: torch.Tensor,
     final_state_out: torch.Tensor | None,
+    carry_in: torch.Tensor | None = None,
 ) -> None:
-    """See ``kernels.torch.tape_walk`` (``u`` and ``v_new_out`` may be one tensor)."""
+    """See ``kernels.torch.tape_walk`` (``u`` and ``v_new_out`` may be one tensor; with
+    ``carry_in`` ``[n_sum, HV, K, V]``, ``index`` is a phase-3 index with its ``frag_carry`` row)."""
+    has_carry = carry_in is not None and carry_in.shape[0] > 0
     H_qk, K = k.shape[1], k.shape[2]
     HV, V = u.shape[1], u.shape[2]
     if index.n_frag == 0:
@@ -72,10 +79,10 @@ def tape_walk(
     BV = value_block(V)
     tape_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
         k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
-        pointer(initial_state, h_out), pointer(s_in, h_out),
+        pointer(initial_state, h_out), pointer(s_in, h_out), carry_in if has_carry else h_out,
         h_out, v_new_out, pointer(final_state_out, h_out),
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_INITIAL=initial_state is not None,
-        HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+        HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, HAS_CARRY=has_carry,
+        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

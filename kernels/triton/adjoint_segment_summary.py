@@ -1,0 +1,68 @@
+"""Segments, phase 1 (backward, Triton): every summary row's ``nu``, its start
+adjoint walked back from a zero end adjoint; one program per (summary row,
+value head, value tile). Same signature as ``kernels.torch.adjoint_segment_summary``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import BT, acc_dtype, frag_info, head_block, mm_mode, pointer, store_state, value_block, walk_operands
+from .adjoint_walk import adjoint_chunk
+
+
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
+@triton.jit
+def adjoint_segment_summary_kernel(
+    q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, nu, scale,
+    n_chunks, n_frag, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+    ACC: tl.constexpr, MM: tl.constexpr,
+):
+    """Grid (n_sum, HV, V / BV); an empty row (a sentinel) writes 0."""
+    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_hk = i_h // (HV // H_qk)
+    col = i_v * BV
+    first, count, _initial_row, _flags = frag_info(frag_table, n_frag, i_r)
+    dS = tl.zeros([BK, BV], dtype=ACC)
+    for jj in range(0, count):
+        c = first + count - 1 - jj
+        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
+            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
+        _, dS = adjoint_chunk(q, q_rstd, do, dv_local, dS, tok, m_t, G, b_w, b_kd, gamma_last, scale,
+                              H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC, MM)
+    store_state(nu, dS, i_r, HV, i_h, K, V, col, BK, BV)
+
+
+def adjoint_segment_summary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    g: torch.Tensor,
+    do: torch.Tensor,
+    dv_local: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    gate_params: torch.Tensor | None = None,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    nu_out: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.adjoint_segment_summary``."""
+    if index.n_frag == 0:
+        return
+    H_qk, K = q.shape[1], q.shape[2]
+    HV, V = do.shape[1], do.shape[2]
+    BV = value_block(V)
+    adjoint_segment_summary_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
+        q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
+        index.chunk_table, index.frag_table, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        ACC=acc_dtype(nu_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+    )

@@ -1,0 +1,79 @@
+"""Segments, phase 1 (forward, Triton): every summary row folded into ``[S | M]``
+from ``[0 | I]``; one program per (summary row, value head, column tile of the
+``V + K`` wide plane). Same signature as ``kernels.torch.segment_summary``.
+
+Each column of the augmented state walks on its own (``S_C = T_c S0 + B_c``
+column by column), so a tile may hold S and M columns: ``u = [U | 0]`` drives
+the S columns, the M columns start at the identity.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, mm_mode, pointer, store_state,
+                      value_block, walk_operands)
+
+
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+
+
+@triton.jit
+def segment_summary_kernel(
+    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, summary,
+    n_chunks, n_frag, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_U: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+):
+    """Grid (n_sum, HV, (V + K) / BV): columns ``[col, col + BV)`` of summary row
+    i_r's ``[S | M]``. Without ``HAS_U`` (M alone) the S columns stay 0 and their
+    tiles skip the walk; an empty row (a sentinel) writes ``[0 | I]``."""
+    i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_hk = i_h // (HV // H_qk)
+    col = i_v * BV
+    first, count, _initial_row, _flags = frag_info(frag_table, n_frag, i_r)
+    o_k = tl.arange(0, BK)
+    o_c = col + tl.arange(0, BV)
+    X = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0).to(ACC)
+    if not HAS_U:
+        count = tl.where(col + BV <= V, 0, count)
+    for j in range(0, count):
+        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
+            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM,
+            GATE, ACC)
+        if HAS_U:  # columns past V read nothing: u = [U | 0]
+            b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, X, MM)
+        else:
+            b_vn = -dot(b_w, X, MM)
+        X = gamma_last * X + dot(tl.trans(b_kd), b_vn, MM)
+    store_state(summary, X, i_r, HV, i_h, K, V + K, col, BK, BV)
+
+
+def segment_summary(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor | None,
+    g: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    gate_params: torch.Tensor | None = None,
+    k_rstd: torch.Tensor | None,
+    summary_out: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.segment_summary`` (``summary_out`` contiguous ``[n_sum, HV, K, V + K]``)."""
+    if index.n_frag == 0:
+        return
+    H_qk, K = k.shape[1], k.shape[2]
+    HV = w.shape[1]
+    V = summary_out.shape[-1] - K
+    BV = value_block(V + K)
+    segment_summary_kernel[(index.n_frag, HV, triton.cdiv(V + K, BV))](
+        k, w, pointer(u, w), g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
+        summary_out, index.n_chunks, index.n_frag, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_U=u is not None,
+        GATE=gate_params is not None, ACC=acc_dtype(summary_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+    )
