@@ -85,6 +85,7 @@ import torch
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import value_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
+from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
 
 from gdn_kcp import OptionsKcp, build_kcp_context
 from gdn_kcp.plan import plan_segments
@@ -347,8 +348,8 @@ def segment_walk_launches(s: Shape, e: Mapping[str, int], P: int) -> list[Launch
     into P, as the plan's model does): P = 1 is the tape walk alone; P > 1 is
     phase 1 (``segment_summary``, ``[S | M]`` of every segment, value tiles
     of the V + K columns), phase 2 (``compose_segments``, P dependent steps of
-    a K x K by K x BV product in fp32 per fragment) and phase 3 (the tape
-    walk over the F P segments)."""
+    a K x K by K x 16 product in fp32 per fragment and value tile of 16) and
+    phase 3 (the tape walk over the F P segments)."""
     C, K, V, HV, n = s.C, s.K, s.V, s.HV, BF16
     BV = value_block(V)
     NV, NS = -(-V // BV), -(-(V + K) // BV)
@@ -359,9 +360,10 @@ def segment_walk_launches(s: Shape, e: Mapping[str, int], P: int) -> list[Launch
     steps = -(-s.chunks_per_fragment // P)
     summary = Work(bf16=2 * (2 * C * K * BV), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
                    + C * BV * e["v_new"])
-    compose = Work(fp32=2 * K * K * BV, bytes=(K * K + 2 * K * BV) * e["seg_summary"])
+    BC = min(BV_COMPOSE, V)
+    compose = Work(fp32=2 * K * K * BC, bytes=(K * K + 2 * K * BC) * e["seg_summary"])
     return [walk("fwd", "segment_summary_kernel", s.fragments * P * HV * NS, steps, summary),
-            walk("fwd", "compose_segments_kernel", s.fragments * HV * NV, P, compose),
+            walk("fwd", "compose_segments_kernel", s.fragments * HV * -(-V // BC), P, compose),
             walk("fwd", "tape_walk_kernel", s.fragments * P * HV * NV, steps, tape)]
 
 

@@ -19,7 +19,7 @@ and the time the programs in flight need to stream their bytes:
   reading k, w, u and writing v_new and h (bf16; ``tape_step_bytes``);
 - ``P > 1``: phase 1 folds the P segments of each fragment, ``ceil(n / P)``
   steps of ``F P HV ceil((V + K) / 64)`` programs reading k, w, u; phase 2
-  composes P rows, ``P`` steps of ``F HV Vt`` programs (fp32 M and S);
+  composes P rows, ``P`` steps of ``F HV ceil(V / 16)`` programs (fp32 M and S);
   phase 3 walks the ``F P`` segments, ``ceil(n / P)`` steps of ``F P HV Vt``
   programs.
 
@@ -31,8 +31,8 @@ bandwidth of the few SMs it occupies, that is when it runs few programs
 (few heads per rank, as under tensor-parallel head sharding). One document of
 32,768 tokens (n = 512) with K = V = 128 on 132 SMs: at HV = 4 (8 programs,
 each bound by its SM's bandwidth) P = 1 costs 288 us and the plan picks P = 5
-(135 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
-HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,053 us),
+(132 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
+HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,064 us),
 so the plan keeps P = 1 (tests/test_segments.py checks these figures).
 """
 
@@ -44,6 +44,10 @@ from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
 WALK_VALUE_TILE = 64
 """Value columns per walk program (``kernels.triton._common.value_block``)."""
+
+COMPOSE_VALUE_TILE = 16
+"""Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
+its exact fp32 products stay in registers at 16 columns)."""
 
 WALK_RESIDENT = 1
 """Walk programs resident on one SM at once. The Triton walks compile (sm_90,
@@ -89,9 +93,10 @@ def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms
         return _launch(F * HV * tiles, chunks, tape_step_bytes(K, V), n_sms, resident)
     steps = -(-chunks // P)
     summary_bytes = 2 * C * K * 2 + C * (4 + 2) + C * BV * 2
-    compose_bytes = (K * K + 2 * K * BV) * 4
+    BC = min(COMPOSE_VALUE_TILE, V)
+    compose_bytes = (K * K + 2 * K * BC) * 4
     return (_launch(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary_bytes, n_sms, resident)
-            + _launch(F * HV * tiles, P, compose_bytes, n_sms, resident)
+            + _launch(F * HV * -(-V // BC), P, compose_bytes, n_sms, resident)
             + _launch(F * P * HV * tiles, steps, tape_step_bytes(K, V), n_sms, resident))
 
 
