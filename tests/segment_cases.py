@@ -43,3 +43,23 @@ def run_every_p(rank: int, R: int) -> None:
     inputs, given, expected = reference(case, True, max_docs)
     check_case_on_rank(case, rank, "a2a", inputs, given, expected, max_docs=max_docs, segments=3)
     assert build_kcp_context(list(case.bounds), rank_ranges=case.ranges and list(case.ranges)).R == R
+
+
+TIGHT_CAPPED = KcpCase("seg-tight-capped", (0, 364, 748, 1200), ((0, 300), (300, 940), (940, 1200)), H_qk=1, HV=2,
+                       K=16, V=8)
+"""Rank 1 holds 640 tokens (10 chunks; at P = 2, L = 5): a crossing-in fragment
+of one chunk, a document of 6 chunks (two segments) and a crossing-out
+fragment of 3 chunks: 4 summary rows, the capped bound ``2 P - 2 + 2``."""
+
+
+def run_tight_capped(rank: int, R: int) -> None:
+    """The capped bound is reached (rank 1), and every rank equals the one-rank run."""
+    case, max_docs = TIGHT_CAPPED, 4
+    inputs, given, expected = reference(case, True, max_docs)
+    check_case_on_rank(case, rank, "a2a", inputs, given, expected, max_docs=max_docs, segments=2)
+    if rank == 1:
+        from gdn_kcp.context import context_from_split
+
+        exact = context_from_split(list(case.bounds), list(case.ranges), 1)
+        capped = context_from_split(list(case.bounds), list(case.ranges), 1, max_docs=max_docs)
+        assert exact.summary_rows(2) == capped.summary_rows(2) == 4

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from arena_cases import CAPPED_MAX_DOCS, SEGMENT_PACKINGS, run_arena
-from segment_cases import SEGMENT_CASES, run_every_p
+from segment_cases import SEGMENT_CASES, run_every_p, run_tight_capped
 from spawn import spawn_ranks
 
 
@@ -30,6 +30,11 @@ def test_capped_segments_record_one_figure_for_every_packing(R):
 @pytest.mark.parametrize("R", sorted(SEGMENT_CASES))
 def test_every_p_equals_single_rank_fp64(R):
     spawn_ranks(R, run_every_p)
+
+
+def test_capped_bound_is_reached_and_holds():
+    """A capped rank whose packing needs every summary row of the bound."""
+    spawn_ranks(3, run_tight_capped)
 
 
 def test_fp32_within_rounding_of_one_segment():
