@@ -120,7 +120,7 @@ def _vocabulary() -> list[str]:
     """Words another rank may have sent: dtype and device names, option values."""
     dtypes = [str(x).removeprefix("torch.") for x in vars(torch).values() if isinstance(x, torch.dtype)]
     return [*dtypes, "cpu", "cuda", "meta", "absent", "invalid", "True", "False", "None",
-            *SAVE_MODES, *BOUNDARY_MODES, *GRAPH_MODES, *EXCHANGES, *(str(n) for n in range(1, 33))]
+            *SAVE_MODES, *BOUNDARY_MODES, *GRAPH_MODES, *EXCHANGES, *(str(n) for n in range(1, 65))]  # conv_size, segments
 
 
 def check_ranks_agree(
