@@ -358,7 +358,8 @@ def time_segments(results, device, dims, dtype, bounds):
 
 
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
-         "profile": "profile_kernels", "segments": "time_segments", "reduce_overhead": "check_reduce_overhead", "capture_once": "check_capture_once"}
+         "profile": "profile_kernels", "segments": "time_segments", "reduce_overhead": "check_reduce_overhead",
+         "capture_once": "check_capture_once"}
 
 
 def main() -> None:

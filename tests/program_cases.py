@@ -34,25 +34,37 @@ def build_index(bounds: tuple[int, ...], crossing: bool, capped: bool, device: s
     return index, index.n_frag
 
 
+class CaseSetup:
+    """The inputs, index and buffer makers of one program case (shared by
+    :func:`run_programs` and :func:`run_segment_programs`)."""
+
+    def __init__(self, bounds, H_qk, HV, K, V, dtype, seed, l2, crossing, device, capped):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.T, self.dtype, self.device = bounds[-1], dtype, device
+        inputs = make_inputs(self.T, H_qk, HV, K, V, dtype=torch.float64, seed=seed, l2=l2)
+        self.q, self.k, self.v, self.g, self.beta = [x[0].to(device=device, dtype=dtype) for x in inputs]
+        self.index, self.N = build_index(bounds, crossing, capped, device)
+        self.cdt = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def new(self, *shape, pool: str = ""):
+        """A buffer in the dtype of workspace pool ``pool`` (the compute dtype by default)."""
+        return torch.zeros(shape, dtype=buffer_dtype(pool, self.dtype) if pool else self.cdt, device=self.device)
+
+    def randn(self, *shape, dtype: torch.dtype | None = None):
+        """Seeded normal values in ``dtype`` (the compute dtype by default)."""
+        x = torch.randn(shape, generator=self.gen, dtype=torch.float64)
+        return x.to(device=self.device, dtype=dtype or self.cdt)
+
+
 def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype,
                  seed: int, l2: bool, crossing: bool, device: str = "cpu", capped: bool = False
                  ) -> dict[str, torch.Tensor]:
     """Run every program once, in host-path order, on documents ``bounds``
     (with ``crossing``, the first crosses in and the last crosses out; see
     :func:`build_index` for ``capped``) and return what each wrote."""
-    gen = torch.Generator().manual_seed(seed)
-    T = bounds[-1]
-    inputs = make_inputs(T, H_qk, HV, K, V, dtype=torch.float64, seed=seed, l2=l2)
-    q, k, v, g, beta = [x[0].to(device=device, dtype=dtype) for x in inputs]
-    index, N = build_index(bounds, crossing, capped, device)
-    cdt = torch.float64 if dtype == torch.float64 else torch.float32
-
-    def new(*shape, pool: str = ""):
-        """A buffer in the dtype of workspace pool ``pool`` (the compute dtype by default)."""
-        return torch.zeros(shape, dtype=buffer_dtype(pool, dtype) if pool else cdt, device=device)
-
-    def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=cdt)
+    case = CaseSetup(bounds, H_qk, HV, K, V, dtype, seed, l2, crossing, device, capped)
+    T, q, k, v, g, beta, index, N = case.T, case.q, case.k, case.v, case.g, case.beta, case.index, case.N
+    new, randn = case.new, case.randn
 
     out: dict[str, torch.Tensor] = {}
     norms = dict(q_rstd=new(T, H_qk), k_rstd=new(T, H_qk)) if l2 else dict(q_rstd=None, k_rstd=None)
@@ -75,7 +87,7 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     scale = K**-0.5
     programs.output(q, k, g, out["h"], out["v_new"], index, scale=scale, o_out=out["o"], **norms)
 
-    do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+    do = randn(T, HV, V, dtype=dtype)
     out["dv_local"] = new(T, HV, V, pool="dv_new")
     programs.bwd_local_dv(q, k, g, do, index, scale=scale, dv_out=out["dv_local"], **norms)
     d_final = randn(N, HV, K, V)  # rows f: with crossing, the last row is not read
@@ -129,25 +141,16 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     every backend). ``segmented=False``: the unsegmented torch programs on the
     same inputs (summary walk, adjoint summary, the walks over ``index``), under
     the names of what they equal."""
-    gen = torch.Generator().manual_seed(seed)
-    T = bounds[-1]
-    inputs = make_inputs(T, H_qk, HV, K, V, dtype=torch.float64, seed=seed, l2=l2)
-    q, k, v, g, beta = [x[0].to(device=device, dtype=dtype) for x in inputs]
-    index, N = build_index(bounds, crossing, capped, device)
-    cdt = torch.float64 if dtype == torch.float64 else torch.float32
-
-    def new(*shape, pool: str = ""):
-        return torch.zeros(shape, dtype=buffer_dtype(pool, dtype) if pool else cdt, device=device)
-
-    def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=cdt)
+    case = CaseSetup(bounds, H_qk, HV, K, V, dtype, seed, l2, crossing, device, capped)
+    T, q, k, v, g, beta, index, N = case.T, case.q, case.k, case.v, case.g, case.beta, case.index, case.N
+    new, randn = case.new, case.randn
 
     norms = dict(q_rstd=new(T, H_qk), k_rstd=new(T, H_qk)) if l2 else dict(q_rstd=None, k_rstd=None)
     A, w, u = new(T, HV, CHUNK_SIZE, pool="A"), new(T, HV, K, pool="w"), new(T, HV, V, pool="v_new")
     torch_programs.prep(q, k, v, g, beta, index, A_out=A, w_out=w, u_out=u, q_rstd_out=norms["q_rstd"],
                         k_rstd_out=norms["k_rstd"])
     scale = K**-0.5
-    do = torch.randn(T, HV, V, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+    do = randn(T, HV, V, dtype=dtype)
     dv_local = new(T, HV, V, pool="dv_new")
     torch_programs.bwd_local_dv(q, k, g, do, index, scale=scale, dv_out=dv_local, **norms)
     state0, s_in = randn(N, HV, K, V), randn(1, HV, K, V) if crossing else None

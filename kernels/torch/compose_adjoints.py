@@ -31,7 +31,8 @@ def compose_adjoints(
     """nu ``[n_sum, HV, K, V]`` (phase 1), summary ``[n_sum, HV, K, V + K]``
     (its M); ``index``, ``frag_rows``, ``max_rows`` as :func:`compose_segments`'s.
     Writes end_out ``[n_sum, HV, K, V]`` (each row's end adjoint; the
-    adjoint walk of phase 3 writes the initial-state gradients) and the crossing-in fragment's fold into nu_out ``[1, HV, K, V]`` (zero when
+    adjoint walk of phase 3 writes the initial-state gradients) and the
+    crossing-in fragment's fold into nu_out ``[1, HV, K, V]`` (zero when
     no fragment crosses in)."""
     n_sum, V = nu.shape[0], nu.shape[-1]
     first, count = frag_rows[0].long(), frag_rows[1].long()
