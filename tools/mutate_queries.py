@@ -34,13 +34,13 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 ROOT = CHECKOUT  # the copy the mutants are written into, once main() has made it
 QUERIES = ROOT / "gdn_kcp" / "queries"
 TESTS = [
-    "tests/test_segments.py",  # its arena checks come first: they bind every pool, segments included
     "tests/test_readme_tables.py",
     "tests/test_workspace_layout.py",
     "tests/test_kcp_context.py",
     "tests/test_workspace_reuse.py",
     "tests/test_workspace_arena.py",
     "tests/test_kcp_multirank.py",
+    "tests/test_segments.py",
 ]
 LAYER_TESTS = ["tests/test_layer_kcp.py"]
 SEGMENT_TESTS = ("tests/test_segments.py",)
@@ -185,6 +185,14 @@ def element_mutants(path: Path, name: str) -> list[Mutant]:
 
 
 def all_mutants() -> list[Mutant]:
+    mutants = _all_mutants()
+    for mutant in mutants:  # a segment pool or event: the segment tests bind them (and run first)
+        if "seg_" in mutant.what and not mutant.tests:
+            mutant.tests = SEGMENT_TESTS
+    return mutants
+
+
+def _all_mutants() -> list[Mutant]:
     shapes, schedule = QUERIES / "shapes.py", QUERIES / "schedule.py"
     comm, layout = QUERIES / "comm.py", QUERIES / "layout.py"
     return [
