@@ -186,8 +186,9 @@ def element_mutants(path: Path, name: str) -> list[Mutant]:
 
 def all_mutants() -> list[Mutant]:
     mutants = _all_mutants()
-    for mutant in mutants:  # a segment pool or event: the segment tests bind them (and run first)
-        if "seg_" in mutant.what and not mutant.tests:
+    for mutant in mutants:  # a segment pool's shape, term or event: the segment tests bind them
+        line = int(mutant.what.split(" ", 1)[0].rsplit(":", 1)[1])
+        if "seg_" in mutant.path.read_text().splitlines()[line - 1] and not mutant.tests:
             mutant.tests = SEGMENT_TESTS
     return mutants
 
