@@ -312,16 +312,26 @@ WALK_KERNELS = ("tape_walk", "segment_summary", "compose_segments", "adjoint_wal
 
 
 def time_segments(results, device, dims, dtype, bounds):
-    """Intra-rank segments on one long document of T tokens: forward and
+    """Intra-rank segments on one long document of T tokens, at the check's HV
+    (the walk HBM-bound in the plan's model: it keeps P = 1) and at HV = 4
+    (8 walk programs: the model expects P > 1 to pay): forward and
     forward+backward times and the walk kernels' device times at P = 1, at the
     plan's P (``gdn_kcp.plan``, this device's SM count) and at P = 2, 4, 8,
-    each checked against P = 1 (relative RMS of o and the gradients)."""
+    each checked against P = 1 (the largest relative RMS of o and the gradients)."""
+    H_qk, HV, K, V = dims
+    out = {}
+    for heads in dict.fromkeys((HV, 4)):
+        out[f"HV={heads}"] = segment_times(device, (min(H_qk, heads), heads, K, V), dtype, bounds[-1])
+    results["segments"] = out
+
+
+def segment_times(device, dims, dtype, T):
+    """:func:`time_segments` at one head count."""
     from torch.profiler import ProfilerActivity, profile
 
     from gdn_kcp.plan import plan_segments, segment_range
 
     H_qk, HV, K, V = dims
-    T = bounds[-1]
     ctx = build_kcp_context([0, T], device=device)
     plan = plan_segments(ctx, HV, K, V)
     xs = [x.requires_grad_() for x in inputs(T, H_qk, HV, K, V, dtype, device)]
@@ -354,7 +364,7 @@ def time_segments(results, device, dims, dtype, bounds):
         rows[P] = {"forward_ms": forward, "forward_backward_ms": both, "walk_kernels_ms": walks,
                    "walk_ms": round(sum(walks.values()), 3),
                    "max_relative_rms_vs_p1": max(rel_rms(a, b) for a, b in zip(outputs, reference))}
-    results["segments"] = {"plan_P": plan, "n_sms": ctx.n_sms, "by_P": rows}
+    return {"plan_P": plan, "n_sms": ctx.n_sms, "by_P": rows}
 
 
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
@@ -439,9 +449,9 @@ def markdown(r: dict) -> str:
     if r.get("kernel_ratio_fla_over_ours"):
         lines.append("- FLA time / ours, kernel by kernel: "
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["kernel_ratio_fla_over_ours"].items()))
-    if "segments" in r:
-        seg = r["segments"]
-        lines.append(f"- segments (one document of T tokens; the plan's P = {seg['plan_P']} on {seg['n_sms']} SMs): "
+    for heads, seg in r.get("segments", {}).items():
+        lines.append(f"- segments, {heads} (one document of T tokens; the plan's P = {seg['plan_P']} on "
+                     f"{seg['n_sms']} SMs): "
                      + "; ".join(f"P = {P}: walks {row['walk_ms']:.2f} ms, forward {row['forward_ms']:.2f} ms, "
                                  f"forward+backward {row['forward_backward_ms']:.2f} ms, rel RMS vs P = 1 "
                                  f"{row['max_relative_rms_vs_p1']:.1e}" for P, row in seg["by_P"].items()))
