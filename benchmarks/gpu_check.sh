@@ -3,7 +3,8 @@
 # correctness of every Triton program and of forward+backward against the torch
 # programs at T = 32768, H_qk = 16, HV = 32, K = V = 128, bf16; forward and
 # forward+backward times; the same for flash-linear-attention when it imports;
-# a torch.compile(mode="reduce-overhead") run. Results go to $OUT (default
+# a torch.compile(mode="reduce-overhead") run; the walk times over intra-rank
+# segments P (at HV = 32 and HV = 4, P = 1, the plan's P, 2, 4, 8). Results go to $OUT (default
 # benchmarks/out): gpu_check.json and gpu_check.md.
 #
 # Uses the machine's torch and triton. Wheels in .whl/ (fla-core, say) are
