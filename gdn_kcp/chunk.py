@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_kcp.context import capped_context, context_from_split
+from gdn_kcp.context import capped_context, context_from_split, device_sms
 from gdn_kcp.gates import gate_keywords
 from gdn_kcp.ops import apply_gdn
 from gdn_kcp.options import OptionsKcp
@@ -78,10 +78,11 @@ def chunk_gated_delta_rule(
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     BT = dims.B * dims.T
+    n_sms = device_sms(q.device)  # the segment plan fills the device
     if cu_seqlens is None:
-        ctx = context_from_split(bounds, [(0, BT)], 0, device=q.device)
+        ctx = context_from_split(bounds, [(0, BT)], 0, device=q.device, n_sms=n_sms)
     else:
-        ctx = capped_context(cu_seqlens.to(q.device), [(0, BT)], 0)
+        ctx = capped_context(cu_seqlens.to(q.device), [(0, BT)], 0, n_sms=n_sms)
     o, final_state = apply_gdn(
         q.reshape(BT, dims.H_qk, dims.K),
         k.reshape(BT, dims.H_qk, dims.K),

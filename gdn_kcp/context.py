@@ -334,11 +334,15 @@ def check_sms(n_sms: object) -> int:
     return n_sms
 
 
+@torch.compiler.assume_constant_result
 def device_sms(device: torch.device | str) -> int:
-    """The SM count of a CUDA device, the core count of the CPU."""
+    """The SM count of a CUDA device, the cores this process may run on for the
+    CPU (a constant to torch.compile: traced code reads it once)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
 
 

@@ -48,8 +48,8 @@ class OptionsKcp:
         as segments in parallel and composed (:mod:`gdn_kcp.kernels.segments`).
         ``None`` takes the plan (:func:`gdn_kcp.plan.plan_segments`, from the
         context's metadata and SM count); an int overrides it within
-        ``[1, max(1, min(64, n))]``, checked against the context by every call
-        and byte query.
+        ``[1, max(1, min(64, n))]``, n the chunks of the longest fragment on
+        any rank, checked against the context by every call and byte query.
     use_qk_l2norm: L2-normalise q and k per token and head inside the kernels.
     with_conv: the call belongs to a layer with a short convolution of width
         ``conv_size`` over q, k and v under KCP

@@ -38,6 +38,8 @@ so the plan keeps P = 1 (tests/test_segments.py checks these figures).
 
 from __future__ import annotations
 
+import functools
+
 from gdn_kcp.context import KcpContext
 from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.kernels.segments import MAX_SEGMENTS
@@ -101,20 +103,31 @@ def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms
 
 
 def segment_range(ctx: KcpContext) -> int:
-    """The largest P an int ``segments`` may ask for on this rank:
-    ``max(1, min(64, chunks of the rank's longest fragment))``."""
-    return max(1, min(MAX_SEGMENTS, ctx.index.max_frag_chunks))
+    """The largest P an int ``segments`` may ask for:
+    ``max(1, min(64, chunks of the longest fragment on any rank))``. A
+    group-wide fact (``ctx.plan_chunks``), so every rank accepts or refuses
+    the same P and none is left waiting in a collective for a rank that
+    raised; a rank whose own fragments are shorter cuts them into fewer
+    segments (at least one chunk each)."""
+    return max(1, min(MAX_SEGMENTS, ctx.plan_chunks))
 
 
 def plan_segments(ctx: KcpContext, HV: int, K: int, V: int) -> int:
-    """The P of least :func:`walk_cost` for this context's metadata."""
-    chunks = ctx.plan_chunks
+    """The P of least :func:`walk_cost` for this context's metadata (the
+    smallest P within 1 % of the least cost)."""
+    return _plan(ctx.plan_chunks, ctx.plan_frags, ctx.n_sms, int(HV), int(K), int(V))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(chunks: int, frags: int, n_sms: int, HV: int, K: int, V: int) -> int:
+    """:func:`plan_segments` on plain ints, computed once per fact set (a call
+    and its queries ask for P a dozen times)."""
     if chunks <= 1:
         return 1
-    costs = {P: walk_cost(P, chunks=chunks, frags=ctx.plan_frags, HV=HV, K=K, V=V, n_sms=ctx.n_sms)
+    costs = {P: walk_cost(P, chunks=chunks, frags=frags, HV=HV, K=K, V=V, n_sms=n_sms)
              for P in range(1, min(MAX_SEGMENTS, chunks) + 1)}
     best = min(costs.values())
-    return min(P for P, cost in costs.items() if cost <= best * 1.01)  # the smallest P within 1 % of the best
+    return min(P for P, cost in costs.items() if cost <= best * 1.01)
 
 
 def segments_for(ctx: KcpContext, HV: int, K: int, V: int, segments: int | None) -> int:
@@ -125,7 +138,7 @@ def segments_for(ctx: KcpContext, HV: int, K: int, V: int, segments: int | None)
     top = segment_range(ctx)
     if not 1 <= segments <= top:
         raise ValueError(
-            f"segments = {segments} is out of range for this rank: it must lie in [1, {top}] "
-            f"(max(1, min({MAX_SEGMENTS}, {ctx.index.max_frag_chunks} chunks of its longest fragment)))"
+            f"segments = {segments} is out of range: it must lie in [1, {top}] "
+            f"(max(1, min({MAX_SEGMENTS}, {ctx.plan_chunks} chunks of the longest fragment on any rank)))"
         )
     return segments

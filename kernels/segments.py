@@ -99,14 +99,10 @@ class SegmentTables:
     walk: ChunkIndex
     adjoint: ChunkIndex
     frag_rows: torch.Tensor
-    seg_chunks: int
 
     @property
     def n_sum(self) -> int:
         return self.summary.n_frag
-
-    frag_first_row = property(lambda self: self.frag_rows[0])
-    frag_row_count = property(lambda self: self.frag_rows[1])
 
 
 def segment_tables(index: ChunkIndex, P: int, n_sum: int, *, exchanges: bool, out: torch.Tensor) -> SegmentTables:
@@ -175,10 +171,10 @@ def segment_tables(index: ChunkIndex, P: int, n_sum: int, *, exchanges: bool, ou
     for view, table in zip(views, (summary, walk, adjoint, frag_rows)):
         view.copy_(table.reshape(-1))
     rows = F + n_sum
+    steps = min(L, index.max_frag_chunks)  # a segment holds at most L chunks, and no more than the index has
     return SegmentTables(
-        summary=ChunkIndex(index.chunk_table, views[0].view(6, n_sum), index.n_tokens, index.n_chunks, n_sum, L),
-        walk=ChunkIndex(index.chunk_table, views[1].view(7, rows), index.n_tokens, index.n_chunks, rows, L),
-        adjoint=ChunkIndex(index.chunk_table, views[2].view(7, rows), index.n_tokens, index.n_chunks, rows, L),
+        summary=ChunkIndex(index.chunk_table, views[0].view(6, n_sum), index.n_tokens, index.n_chunks, n_sum, steps),
+        walk=ChunkIndex(index.chunk_table, views[1].view(7, rows), index.n_tokens, index.n_chunks, rows, steps),
+        adjoint=ChunkIndex(index.chunk_table, views[2].view(7, rows), index.n_tokens, index.n_chunks, rows, steps),
         frag_rows=views[3].view(2, F),
-        seg_chunks=L,
     )

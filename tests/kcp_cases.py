@@ -107,17 +107,18 @@ def padded_rows(rows: torch.Tensor, n_rows: int, fill: float) -> torch.Tensor:
 
 
 def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, expected,
-                       max_docs: int | None = None, segments: int | None = None) -> None:
+                       max_docs: int | None = None, segments: int | None = None, n_sms: int | None = None) -> None:
     """Run gdn_kcp on this rank's range; compare o and every gradient with the
     single-rank rows (with states: the final states of the documents that end
     here, the initial-state gradient of those that start here), and the
     counted comm bytes with gdn_comm_bytes_kcp. ``max_docs``: a capped
     context; its padding rows of the initial states hold NaN (never read), of
     the final states and initial-state gradients zeros. ``segments``: P, cut
-    to this rank's range (:func:`gdn_kcp.plan.segment_range`)."""
+    to the context's range (:func:`gdn_kcp.plan.segment_range`); ``n_sms``:
+    the SM count the plan fills (default: the machine's cores)."""
     do, state0, dfs = given
     ctx = build_kcp_context(torch.tensor(case.bounds), rank_ranges=case.ranges and list(case.ranges),
-                            max_docs=max_docs)
+                            max_docs=max_docs, n_sms=n_sms)
     start, end = ctx.rank_ranges[rank]
     mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
     if segments is not None:

@@ -21,11 +21,10 @@ SEGMENT_CASES = {
 
 def largest_range(case: KcpCase, R: int) -> int:
     """The largest P any rank of the case may ask for."""
-    bounds = list(case.bounds)
-    ranges = case.ranges and list(case.ranges)
     from gdn_kcp.context import context_from_split, default_ranges
 
-    split = ranges or default_ranges(bounds[-1], R)
+    bounds = list(case.bounds)
+    split = case.ranges and list(case.ranges) or default_ranges(bounds[-1], R)
     return max(segment_range(context_from_split(bounds, split, r)) for r in range(R))
 
 
@@ -63,3 +62,24 @@ def run_tight_capped(rank: int, R: int) -> None:
         exact = context_from_split(list(case.bounds), list(case.ranges), 1)
         capped = context_from_split(list(case.bounds), list(case.ranges), 1, max_docs=max_docs)
         assert exact.summary_rows(2) == capped.summary_rows(2) == 4
+
+
+PLANNED = KcpCase("seg-planned", (0, 30, 30, 2000, 2011, 2600, 2600, 2600),
+                  ((0, 400), (400, 400), (400, 2600), (2600, 2600)), H_qk=1, HV=2, K=16, V=8)
+"""The plan's P (``segments=None``) on 132 SMs: P > 1 on every rank, among them
+an empty rank and a last rank that holds only zero-length documents (no chunk)."""
+
+
+def run_planned(rank: int, R: int) -> None:
+    """Every rank takes the plan's P (> 1, the same on every rank) and equals the
+    one-rank run, exact and capped."""
+    from gdn_kcp.context import context_from_split
+    from gdn_kcp.plan import plan_segments
+
+    case = PLANNED
+    plans = {plan_segments(context_from_split(list(case.bounds), list(case.ranges), r, n_sms=132), case.HV, case.K,
+                           case.V) for r in range(R)}
+    assert len(plans) == 1 and plans.pop() > 1
+    for max_docs in (None, len(case.bounds) + 1):
+        inputs, given, expected = reference(case, True, max_docs)
+        check_case_on_rank(case, rank, "a2a", inputs, given, expected, max_docs=max_docs, n_sms=132)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from arena_cases import CAPPED_MAX_DOCS, SEGMENT_PACKINGS, run_arena
-from segment_cases import SEGMENT_CASES, run_every_p, run_tight_capped
+from segment_cases import SEGMENT_CASES, run_every_p, run_planned, run_tight_capped
 from spawn import spawn_ranks
 
 
@@ -35,6 +35,12 @@ def test_every_p_equals_single_rank_fp64(R):
 def test_capped_bound_is_reached_and_holds():
     """A capped rank whose packing needs every summary row of the bound."""
     spawn_ranks(3, run_tight_capped)
+
+
+def test_the_plans_p_on_every_rank():
+    """segments=None on 132 SMs: the plan's P (> 1) on 4 ranks, an empty one and
+    one holding only zero-length documents among them, exact and capped."""
+    spawn_ranks(4, run_planned)
 
 
 def test_fp32_within_rounding_of_one_segment():
@@ -70,10 +76,11 @@ def test_segments_option_range():
             OptionsKcp(segments=bad)
     ctx = build_kcp_context([0, 100, 700], n_sms=1)  # longest fragment: 600 tokens, 10 chunks
     assert gdn_workspace_bytes_kcp(ctx, 1, 2, 16, 16, options=OptionsKcp(segments=10)) > 0
-    with pytest.raises(ValueError, match=r"segments = 11 is out of range for this rank: it must lie in \[1, 10\]"):
+    with pytest.raises(ValueError, match=r"segments = 11 is out of range: it must lie in \[1, 10\] \(max\(1, "
+                                         r"min\(64, 10 chunks of the longest fragment on any rank\)\)\)"):
         gdn_workspace_bytes_kcp(ctx, 1, 2, 16, 16, options=OptionsKcp(segments=11))
     empty = build_kcp_context([0, 0], n_sms=1)
-    with pytest.raises(ValueError, match=r"segments = 2 is out of range for this rank: it must lie in \[1, 1\]"):
+    with pytest.raises(ValueError, match=r"segments = 2 is out of range: it must lie in \[1, 1\]"):
         gdn_workspace_bytes_kcp(empty, 1, 2, 16, 16, options=OptionsKcp(segments=2))
 
 
