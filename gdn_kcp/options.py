@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gdn_kcp.kernels.segments import MAX_SEGMENTS
+
 EXCHANGES = ("a2a", "ring")
 SAVE_MODES = ("light", "full")
 BOUNDARY_MODES = ("saved", "replay")
@@ -87,8 +89,8 @@ class OptionsKcp:
         _check_choice("exchange", self.exchange, EXCHANGES)
         _check_bool("use_qk_l2norm", self.use_qk_l2norm)
         if self.segments is not None and (isinstance(self.segments, bool) or not isinstance(self.segments, int)
-                                          or self.segments < 1):
-            raise ValueError(f"OptionsKcp.segments must be None or an int >= 1, got {self.segments!r}")
+                                          or not 1 <= self.segments <= MAX_SEGMENTS):
+            raise ValueError(f"OptionsKcp.segments must be None or an int in [1, {MAX_SEGMENTS}], got {self.segments!r}")
         _check_bool("with_conv", self.with_conv)
         if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 1:
             raise ValueError(f"OptionsKcp.conv_size must be an int >= 1, got {self.conv_size!r}")

@@ -71,8 +71,8 @@ def test_fp32_within_rounding_of_one_segment():
 def test_segments_option_range():
     from gdn_kcp import OptionsKcp, build_kcp_context, gdn_workspace_bytes_kcp
 
-    for bad in (0, -1, True, 2.0, "3"):
-        with pytest.raises(ValueError, match=r"OptionsKcp.segments must be None or an int >= 1, got"):
+    for bad in (0, -1, 65, True, 2.0, "3"):
+        with pytest.raises(ValueError, match=r"OptionsKcp.segments must be None or an int in \[1, 64\], got"):
             OptionsKcp(segments=bad)
     ctx = build_kcp_context([0, 100, 700], n_sms=1)  # longest fragment: 600 tokens, 10 chunks
     assert gdn_workspace_bytes_kcp(ctx, 1, 2, 16, 16, options=OptionsKcp(segments=10)) > 0
