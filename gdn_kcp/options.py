@@ -90,7 +90,9 @@ class OptionsKcp:
         _check_bool("use_qk_l2norm", self.use_qk_l2norm)
         if self.segments is not None and (isinstance(self.segments, bool) or not isinstance(self.segments, int)
                                           or not 1 <= self.segments <= MAX_SEGMENTS):
-            raise ValueError(f"OptionsKcp.segments must be None or an int in [1, {MAX_SEGMENTS}], got {self.segments!r}")
+            raise ValueError(
+                f"OptionsKcp.segments must be None or an int in [1, {MAX_SEGMENTS}], got {self.segments!r}"
+            )
         _check_bool("with_conv", self.with_conv)
         if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 1:
             raise ValueError(f"OptionsKcp.conv_size must be an int >= 1, got {self.conv_size!r}")
