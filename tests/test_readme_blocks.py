@@ -101,7 +101,8 @@ def test_kcp_block_on_two_ranks():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.spawn(_kcp_block_on_rank, args=(2, port, block, inputs, h0, expected), nprocs=2, join=True)
+    mp.start_processes(_kcp_block_on_rank, args=(2, port, block, inputs, h0, expected), nprocs=2, join=True,
+                       start_method="forkserver")  # tests/spawn.py: the ranks fork from a preloaded server
 
 
 def test_compile_and_memory_blocks():
