@@ -374,17 +374,28 @@ def walk_latency(facts: Mapping[str, Mapping], P: int, m: Machine = H200, s: Sha
     return sum(terms(launch, facts[launch.kernel], m)["time"] for launch in segment_walk_launches(s, e, P))
 
 
+STEPS_ALONE = "HV=32, steps alone"
+"""The walk-over-P table's column of the full shape with no bandwidth limit."""
+
+
 def walk_latency_table(facts: Mapping[str, Mapping], m: Machine = H200, Ps=(1, 2, 4, 8, 16),
                        heads=(32, 4)) -> list[dict]:
     """The forward walk's estimated time (us) over P at the full shape with HV
     = 32 (the tape walk already HBM-bound: segments only add reads) and with
     HV = 4 (8 programs, each bound by its SM's bandwidth: segments spread them
-    over more SMs), with the plan's P for each."""
+    over more SMs); and, column :data:`STEPS_ALONE`, at HV = 32 on a machine
+    without any bandwidth limit, where a walk step costs its latency and its
+    tensor work at one SM's rates: P = 1 stays the best there too, since
+    segments triple the walk's program-steps (phase 1 folds V + K columns,
+    phase 3 walks again) while the idle SMs add at most 132 / 64 of tensor
+    throughput."""
+    unbound = replace(m, hbm=math.inf, sm_bytes_per_clock=math.inf)
     rows = []
     for P in Ps:
         row = {"P": P}
         for HV in heads:
             row[f"HV={HV}"] = walk_latency(facts, P, m, replace(Shape(), HV=HV, H=min(Shape().H, HV))) * 1e6
+        row[STEPS_ALONE] = walk_latency(facts, P, unbound) * 1e6
         rows.append(row)
     return rows
 
@@ -663,9 +674,10 @@ def main() -> None:
     print(f"Walk programs resident per SM as compiled: {resident(facts['ours']['tape_walk_kernel'], machine)}. "
           "The plan (gdn_kcp.plan, 132 SMs) picks P = "
           + ", ".join(f"{p} at {hv}" for hv, p in plan_p.items()) + ".\n")
-    print("| P | " + " | ".join(f"walk (us), {hv}" for hv in plan_p) + " |\n|---:|" + "---:|" * len(plan_p))
+    columns = [*plan_p, STEPS_ALONE]
+    print("| P | " + " | ".join(f"walk (us), {c}" for c in columns) + " |\n|---:|" + "---:|" * len(columns))
     for row in segments:
-        print(f"| {row['P']} | " + " | ".join(f"{row[hv]:.0f}" for hv in plan_p) + " |")
+        print(f"| {row['P']} | " + " | ".join(f"{row[c]:.0f}" for c in columns) + " |")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ bandwidth of the few SMs it occupies, that is when it runs few programs
 32,768 tokens (n = 512) with K = V = 128 on 132 SMs: at HV = 4 (8 programs,
 each bound by its SM's bandwidth) P = 1 costs 288 us and the plan picks P = 5
 (132 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
-HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,064 us),
+HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,050 us),
 so the plan keeps P = 1 (tests/test_segments.py checks these figures).
 """
 
@@ -51,11 +51,11 @@ COMPOSE_VALUE_TILE = 16
 """Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
 its exact fp32 products stay in registers at 16 columns)."""
 
-WALK_RESIDENT = 1
-"""Walk programs resident on one SM at once. The Triton walks compile (sm_90,
-bf16, K = V = 128) to 255 registers x 8 warps, the whole register file of an
-SM (the README's compile table; tests/test_triton_compile.py checks this value
-against the compile)."""
+WALK_RESIDENT = 2
+"""Walk programs resident on one SM at once. The Triton forward walks (tape
+walk, segment summary) compile (sm_90, bf16, K = V = 128) to 255 registers x
+4 warps, half the register file of an SM (the README's compile table;
+tests/test_segments.py checks this value against the tape walk's warps)."""
 
 STEP_LATENCY = 0.27e-6
 """Seconds of one dependent walk step (``benchmarks/roofline.py``'s default:

@@ -204,15 +204,20 @@ def test_gpu_check_rates_and_ratios_come_from_the_model():
 
 def test_walk_latency_over_segments():
     """The forward walk at P segments (full shape, hand-made compile facts of
-    one walk program per SM, as today's walks): at HV = 32 the tape walk is
-    HBM-bound and every P > 1 is slower; at HV = 4 (8 programs, each bound by
-    its SM's bandwidth) the latency falls with P, to about half at the plan's
-    P = 5, which is also the estimate's best."""
+    two walk programs per SM, as today's walks: 255 registers x 4 warps): at
+    HV = 32 the tape walk is HBM-bound and every P > 1 is slower; at HV = 4
+    (8 programs, each bound by its SM's bandwidth) the latency falls with P, to
+    about half at the plan's P = 5, which is also the estimate's best. With no
+    bandwidth limit at all (each step its latency and its tensor work at one
+    SM's rates) P = 1 stays the best at HV = 32: segments triple the walk's
+    program-steps (phase 1 folds V + K columns, phase 3 walks again) while the
+    idle SMs add at most 132 / 64 of tensor throughput."""
     from gdn_kcp.context import context_from_split
     from gdn_kcp.plan import plan_segments
 
-    one = dict(TENSOR, registers=255, num_warps=8)
-    facts = {name: one for name in roofline.WALK_KERNELS}
+    two = dict(TENSOR, registers=255, num_warps=4)
+    assert roofline.resident(two) == 2
+    facts = {name: two for name in roofline.WALK_KERNELS}
     table = {row["P"]: row for row in roofline.walk_latency_table(facts, Ps=range(1, 9))}
     assert all(table[P]["HV=32"] > table[1]["HV=32"] for P in range(2, 9))
     assert table[5]["HV=4"] < table[4]["HV=4"] < table[3]["HV=4"] < table[1]["HV=4"] / 1.4
@@ -220,6 +225,8 @@ def test_walk_latency_over_segments():
     assert min(table, key=lambda P: table[P]["HV=4"]) == plan_segments(ctx, 4, 128, 128) == 5
     assert plan_segments(ctx, 32, 128, 128) == 1
     assert table[1]["HV=32"] == pytest.approx(512 * 65920 * 64 / 4.8e12 * 1e6)  # the plan's model: 450 us
+    alone = {P: row[roofline.STEPS_ALONE] for P, row in table.items()}
+    assert min(alone, key=alone.get) == 1 and alone[1] < table[1]["HV=32"] / 1.5
     # P = 1 is the tape walk alone: 64 programs of 512 steps
     (tape,) = roofline.segment_walk_launches(roofline.Shape(), {"k_rstd": 4, "w": 2, "v_new": 2, "h": 2}, 1)
     assert (tape.kernel, tape.programs, tape.steps) == ("tape_walk_kernel", 64, 512)

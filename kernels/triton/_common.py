@@ -115,11 +115,29 @@ def chunk_rows(chunk_table, n_chunks, c, BT: tl.constexpr):
 
 
 @triton.jit
-def load_rows_cols(ptr, tok, m_t, H, h, D, col0, BD: tl.constexpr, ACC: tl.constexpr):
-    """Columns ``[col0, col0 + BD)`` of rows ``tok`` of head ``h`` of ``[T, H, D]``."""
+def load_tile(ptr, tok, m_t, H, h, D, col0, BD: tl.constexpr):
+    """Columns ``[col0, col0 + BD)`` of rows ``tok`` of head ``h`` of ``[T, H, D]``, in its stored dtype."""
     o_d = col0 + tl.arange(0, BD)
     p = ptr + (tok[:, None] * H + h) * D + o_d[None, :]
-    return tl.load(p, mask=m_t[:, None] & (o_d[None, :] < D), other=0.0).to(ACC)
+    return tl.load(p, mask=m_t[:, None] & (o_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def load_rows_cols(ptr, tok, m_t, H, h, D, col0, BD: tl.constexpr, ACC: tl.constexpr):
+    """:func:`load_tile` in ``ACC``."""
+    return load_tile(ptr, tok, m_t, H, h, D, col0, BD).to(ACC)
+
+
+@triton.jit
+def load_operand(ptr, tok, m_t, H, h, D, BD: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """Rows ``tok`` of head ``h`` of ``[T, H, D]`` as the products of rule ``MM``
+    read them (:func:`operand`): under ``"bf16"`` / ``"fp16"`` the stored tile
+    itself, never an fp32 copy (a ``[64, 128]`` tile takes 32 registers a thread
+    at 4 warps in bf16, 64 in fp32)."""
+    x = load_tile(ptr, tok, m_t, H, h, D, 0, BD)
+    if MM == "bf16" or MM == "fp16":
+        return operand(x, MM)
+    return operand(x.to(ACC), MM)
 
 
 @triton.jit
@@ -151,6 +169,18 @@ def softplus(x):
 
 
 @triton.jit
+def gate_rows(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.constexpr):
+    """The gates of rows ``tok`` of head ``h`` (rows outside ``m_t`` 0); with
+    ``GATE`` computed from the raw input as :func:`load_gates` says."""
+    b_g = load_scalars(g, tok, m_t, H, h, ACC)
+    if GATE:
+        decay_rate = tl.load(gate_params + h).to(ACC)
+        bias = tl.load(gate_params + H + h).to(ACC)
+        b_g = tl.where(m_t, decay_rate * softplus(b_g + bias), 0.0)
+    return b_g
+
+
+@triton.jit
 def load_gates(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.constexpr):
     """The chunk's gates (padded rows 0), their cumsum ``G`` (padded rows hold
     ``G_C``) and the suffix sums ``sum_{l > i} g_l`` (``log(gamma_C / gamma_i)``).
@@ -159,11 +189,7 @@ def load_gates(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.const
     With ``GATE``, g holds the raw input a and the gate is computed here:
     ``gate_params[0, h] * softplus(a + gate_params[1, h])`` (FLA's
     ``-exp(A_log) * softplus(a + dt_bias)``), so no gate tensor exists."""
-    b_g = load_scalars(g, tok, m_t, H, h, ACC)
-    if GATE:
-        decay_rate = tl.load(gate_params + h).to(ACC)
-        bias = tl.load(gate_params + H + h).to(ACC)
-        b_g = tl.where(m_t, decay_rate * softplus(b_g + bias), 0.0)
+    b_g = gate_rows(g, gate_params, tok, m_t, H, h, GATE, ACC)
     o_i = tl.arange(0, b_g.shape[0])
     tail = tl.sum(tl.where(o_i[None, :] > o_i[:, None], b_g[None, :], 0.0), 1)
     return b_g, tl.cumsum(b_g, 0), tail
@@ -359,15 +385,48 @@ def segment_rows(frag_rows, n_frag, f):
 @triton.jit
 def walk_operands(k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
                   BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
-                  ACC: tl.constexpr):
-    """What one step of a walk over chunk ``c`` reads: rows, W,
-    ``diag(gamma_C / gamma) K`` and ``gamma_C``."""
+                  ACC: tl.constexpr, MM: tl.constexpr):
+    """What one step of a walk over chunk ``c`` reads: rows, the gate prefix
+    sums ``G``, W and K as the products read them (:func:`load_operand`), the
+    row scale of K ``k_scale = gamma_C / gamma_i`` (times k's reciprocal norm
+    with ``HAS_NORM``) and ``gamma_C``.
+
+    The walks put ``k_scale`` on the ``[BT, BV]`` side of their K products
+    (``K^T diag(k_scale) V_new``, ``diag(k_scale) K dS``), so no scaled
+    ``[BT, BK]`` copy of K is made: on sm_90 at 4 warps the tape walk
+    spilled 1,864 bytes a thread with that fp32 copy and the ``[BT, BT]``
+    suffix sums of :func:`load_gates`, and spills 232 without them.
+    ``gamma_C / gamma_i = exp(sum_{l > i} g_l)`` is a reverse cumsum of the
+    gates one row on (read again from memory), which adds exactly the gates it
+    spans, as :func:`load_gates` does, without its ``[BT, BT]`` temporary."""
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
     tok = start + o_t
-    b_g, G, tail = load_gates(g, gate_params, tok, m_t, HV, h, GATE, ACC)
-    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
-    b_w = load_rows_cols(w, tok, m_t, HV, h, K, 0, BK, ACC)
-    return tok, m_t, G, b_w, tl.exp(tail)[:, None] * b_k, tl.exp(tl.sum(b_g, 0))
+    b_g = gate_rows(g, gate_params, tok, m_t, HV, h, GATE, ACC)
+    b_after = gate_rows(g, gate_params, tok + 1, o_t + 1 < length, HV, h, GATE, ACC)
+    k_scale = tl.exp(tl.cumsum(b_after, 0, reverse=True))
+    if HAS_NORM:
+        k_scale = k_scale * load_scalars(k_rstd, tok, m_t, H_qk, hk, ACC)
+    return tok, m_t, tl.cumsum(b_g, 0), k_scale, tl.exp(tl.sum(b_g, 0))
+
+
+@triton.jit
+def state_chunk(k, w, u, v_new, X, tok, m_t, k_scale, gamma_last, H_qk, hk, HV, h, K, V, col, BK: tl.constexpr,
+                BV: tl.constexpr, HAS_U: tl.constexpr, STORE: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """One chunk of the state walk from ``X`` (columns ``[col, col + BV)``):
+    ``V_new = U - W X`` (``U = 0`` without ``HAS_U``; stored into ``v_new``
+    with ``STORE``), then ``gamma_C X + K^T diag(k_scale) V_new``. W is read
+    just before its product, K after V_new is stored: on sm_90 at 4 warps
+    this order spills 232 bytes a thread in the tape walk, against 696 with
+    both read first and 732 with the store last."""
+    b_w = load_operand(w, tok, m_t, HV, h, K, BK, MM, ACC)
+    if HAS_U:
+        b_vn = load_rows_cols(u, tok, m_t, HV, h, V, col, BV, ACC) - dot(b_w, X, MM)
+    else:
+        b_vn = -dot(b_w, X, MM)
+    if STORE:
+        store_rows_cols(v_new, b_vn, tok, m_t, HV, h, V, col, BV)
+    b_k = load_operand(k, tok, m_t, H_qk, hk, K, BK, MM, ACC)
+    return gamma_last * X + dot(tl.trans(b_k), k_scale[:, None] * b_vn, MM)
 
 
 @triton.jit

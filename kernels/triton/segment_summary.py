@@ -14,11 +14,11 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, load_rows_cols, mm_mode, pointer, store_state,
-                      value_block, walk_operands)
+from ._common import (BT, acc_dtype, frag_info, head_block, mm_mode, pointer, state_chunk, store_state, value_block,
+                      walk_operands)
 
 
-NUM_WARPS = 8
+NUM_WARPS = 4
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 
 
@@ -42,14 +42,12 @@ def segment_summary_kernel(
     if not HAS_U:
         count = tl.where(col + BV <= V, 0, count)
     for j in range(0, count):
-        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
+        tok, m_t, G, k_scale, gamma_last = walk_operands(
             k, k_rstd, w, g, gate_params, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM,
-            GATE, ACC)
-        if HAS_U:  # columns past V read nothing: u = [U | 0]
-            b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, X, MM)
-        else:
-            b_vn = -dot(b_w, X, MM)
-        X = gamma_last * X + dot(tl.trans(b_kd), b_vn, MM)
+            GATE, ACC, MM)
+        # HAS_U: columns past V read nothing (u = [U | 0])
+        X = state_chunk(k, w, u, u, X, tok, m_t, k_scale, gamma_last, H_qk, i_hk, HV, i_h, K, V, col, BK, BV,
+                        HAS_U, False, MM, ACC)
     store_state(summary, X, i_r, HV, i_h, K, V + K, col, BK, BV)
 
 

@@ -9,14 +9,14 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, dot, frag_info, head_block, last_real_fragment, load_rows_cols, load_state,
-                      mm_mode, pointer, store_state_strided, value_block, walk_operands)
+from ._common import (BT, acc_dtype, frag_info, head_block, last_real_fragment, load_state, mm_mode, pointer,
+                      state_chunk, store_state_strided, value_block, walk_operands)
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
 
 
-NUM_WARPS = 8
+NUM_WARPS = 4
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 
 
@@ -49,14 +49,11 @@ def summary_walk_kernel(
             if crosses_out & ((flags & 1) == 0):
                 S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
     for j in range(0, count):
-        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
+        tok, m_t, G, k_scale, gamma_last = walk_operands(
             k, k_rstd, w, g, gate_params, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM,
-            GATE, ACC)
-        if IS_M:
-            b_vn = -dot(b_w, S, MM)
-        else:
-            b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S, MM)
-        S = gamma_last * S + dot(tl.trans(b_kd), b_vn, MM)
+            GATE, ACC, MM)
+        S = state_chunk(k, w, u, u, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk, HV, i_h, K, V, col, BK, BV,
+                        not IS_M, False, MM, ACC)
     store_state_strided(out, S, i_h, stride_h, stride_k, K, WIDTH, col, BK, BV)
 
 

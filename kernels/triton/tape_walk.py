@@ -9,11 +9,11 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, carry_row, dot, frag_info, head_block, load_rows_cols, load_state, mm_mode,
-                      pointer, store_rows_cols, store_state, value_block, walk_operands)
+from ._common import (BT, acc_dtype, carry_row, frag_info, head_block, load_state, mm_mode, pointer, state_chunk,
+                      store_state, value_block, walk_operands)
 
 
-NUM_WARPS = 8
+NUM_WARPS = 4
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 
 
@@ -43,11 +43,11 @@ def tape_walk_kernel(
     for j in range(0, count):
         c = first + j
         store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
-        tok, m_t, G, b_w, b_kd, gamma_last = walk_operands(
-            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC)
-        b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - dot(b_w, S, MM)
-        store_rows_cols(v_new, b_vn, tok, m_t, HV, i_h, V, col, BV)
-        S = gamma_last * S + dot(tl.trans(b_kd), b_vn, MM)
+        tok, m_t, G, k_scale, gamma_last = walk_operands(
+            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE,
+            ACC, MM)
+        S = state_chunk(k, w, u, v_new, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk, HV, i_h, K, V, col, BK, BV,
+                        True, True, MM, ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
             store_state(final_state, S, i_f, HV, i_h, K, V, col, BK, BV)
