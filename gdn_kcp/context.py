@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
 from gdn_kcp.kernels.chunk_index import CHUNK_SIZE, PADDING, capped_index
-from gdn_kcp.kernels.segments import MAX_SEGMENTS, capped_summary_rows, summary_rows
+from gdn_kcp.kernels.segments import MAX_SEGMENTS, capped_summary_rows, summary_row_counts
 from gdn_kcp.validate import check_bounds, check_cu_seqlens, check_max_docs
 
 
@@ -396,10 +396,9 @@ def context_from_split(
         index=index, device_index=index.to(device), n_sms=n_sms,
         plan_chunks=max((-(-(f[2] - f[1]) // CHUNK_SIZE) for frags in every_rank for f in frags), default=0),
         plan_frags=max(len(frags) for frags in every_rank),
-        segment_rows=tuple(  # from the host fragments: no read of the tables (they may be fake tensors)
-            summary_rows([-(-(f[2] - f[1]) // CHUNK_SIZE) for f in mine], [f[3] for f in mine], P,
-                         index.max_frag_chunks, exchanges=bool(chains))
-            for P in range(1, MAX_SEGMENTS + 1)
+        segment_rows=summary_row_counts(  # from the host fragments: no read of the tables (they may be fake)
+            [-(-(f[2] - f[1]) // CHUNK_SIZE) for f in mine], [f[3] for f in mine], index.max_frag_chunks,
+            exchanges=bool(chains),
         ),
     )
 

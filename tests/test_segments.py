@@ -4,6 +4,7 @@ range, and the plan."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,26 @@ def test_budget_prints_p():
     assert "segments: the plan's P = 1 on 132 SMs (longest fragment 512 chunks" in out  # HV = 32: HBM-bound
     assert "segments P = 4: 4 summary rows" in out
     assert "fwd.phase.segments" in out and "bwd.phase.compose_adjoint" in out
+
+
+def test_row_counts_of_every_p_are_the_per_p_counts():
+    """The context's 64 summary-row counts (one histogram) equal the per-P
+    definition, on random fragment lists with crossing and padding flags."""
+    from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, PADDING
+    from gdn_kcp.kernels.segments import MAX_SEGMENTS, summary_row_counts, summary_rows
+
+    rng = random.Random(5)
+    for _ in range(50):
+        F = rng.randint(0, 40)
+        n = [rng.choice([0, 1, 2, 3, rng.randint(1, 300)]) for _ in range(F)]
+        flags = [0] * F
+        if F:
+            flags[0] |= rng.choice([0, CROSSING_IN])
+            flags[-1] |= rng.choice([0, CROSSING_OUT, PADDING])
+        top = max(n, default=0) + rng.choice([0, 0, 37])  # the group's longest fragment may be another rank's
+        for exchanges in (False, True):
+            counts = summary_row_counts(n, flags, top, exchanges=exchanges)
+            assert len(counts) == MAX_SEGMENTS
+            assert counts == tuple(summary_rows(n, flags, P, top, exchanges=exchanges)
+                                   for P in range(1, MAX_SEGMENTS + 1))
+
