@@ -8,11 +8,12 @@ depends on its caps alone.
 
 Cost model: the time of the forward's walks, the same model as
 ``benchmarks/roofline.py``'s serial term. A walk launch of x programs, each a
-chain of s dependent steps that stream beta bytes, runs
-``waves(x) = ceil(x / (n_sms r))`` waves (r: walk programs resident per SM,
-:data:`WALK_RESIDENT`), and each step takes the longer of the step latency
+chain of s dependent steps that stream beta bytes and do work of w seconds
+at one SM's rates, runs ``waves(x) = ceil(x / (n_sms r))`` waves (r: walk
+programs resident per SM, :data:`WALK_RESIDENT`), and each step takes the
+longer of the step latency plus its work (times the programs sharing an SM)
 and the time the programs in flight need to stream their bytes:
-``max(STEP_LATENCY, beta in_flight / min(HBM, busy SMs x SM_BANDWIDTH))``.
+``max(STEP_LATENCY + sharing w, beta in_flight / min(HBM, busy SMs x SM_BANDWIDTH))``.
 
 - ``P = 1``: the tape walk, ``n`` steps (n = ``plan_chunks``) of
   ``F HV Vt`` programs (F = ``plan_frags``, ``Vt = ceil(V / 64)``), each step
@@ -31,9 +32,13 @@ bandwidth of the few SMs it occupies, that is when it runs few programs
 (few heads per rank, as under tensor-parallel head sharding). One document of
 32,768 tokens (n = 512) with K = V = 128 on 132 SMs: at HV = 4 (8 programs,
 each bound by its SM's bandwidth) P = 1 costs 288 us and the plan picks P = 5
-(132 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
+(135 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
 HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,050 us),
-so the plan keeps P = 1 (tests/test_segments.py checks these figures).
+so the plan keeps P = 1 (tests/test_segments.py checks these figures). It
+would keep P = 1 there with no bandwidth limit at all (282 us, against 328 at
+P = 4): segments triple the walk's program-steps (phase 1 folds the V + K
+columns, phase 3 walks again), and the 68 SMs the tape walk leaves idle add at
+most 132 / 64 of tensor throughput.
 """
 
 from __future__ import annotations
@@ -67,15 +72,24 @@ HBM_BANDWIDTH = 4.8e12
 SM_BANDWIDTH = 64 * 1.83e9
 """Bytes per second one SM moves to and from L2 (64 B per clock, roofline's assumption)."""
 
+SM_TENSOR_RATE = 989e12 / 132
+"""bf16 FLOP/s of one SM's tensor cores (H200 SXM, dense, over its 132 SMs)."""
 
-def _launch(programs: int, steps: int, step_bytes: int, n_sms: int, resident: int) -> float:
-    """Seconds of a walk launch of ``programs`` chains of ``steps`` steps."""
+SM_FMA_RATE = 67e12 / 132
+"""fp32 FLOP/s of one SM's FMA pipes (the compositions' exact products)."""
+
+
+def _launch(programs: int, steps: int, step_bytes: int, step_time: float, n_sms: int, resident: int) -> float:
+    """Seconds of a walk launch of ``programs`` chains of ``steps`` steps, each
+    step ``step_time`` seconds of work at one SM's rates."""
     if programs == 0 or steps == 0:
         return 0.0
     in_flight = min(programs, n_sms * resident)
+    busy = min(programs, n_sms)
     waves = -(-programs // in_flight)
-    bandwidth = min(HBM_BANDWIDTH, min(programs, n_sms) * SM_BANDWIDTH)
-    return waves * steps * max(STEP_LATENCY, step_bytes * in_flight / bandwidth)
+    sharing = -(-in_flight // busy)  # programs sharing one SM's rates
+    bandwidth = min(HBM_BANDWIDTH, busy * SM_BANDWIDTH)
+    return waves * steps * max(STEP_LATENCY + sharing * step_time, step_bytes * in_flight / bandwidth)
 
 
 def tape_step_bytes(K: int, V: int) -> int:
@@ -91,15 +105,17 @@ def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms
     C, F = CHUNK_SIZE, max(frags, 1)
     BV = min(WALK_VALUE_TILE, V)
     tiles = -(-V // WALK_VALUE_TILE)
+    walk_step = 2 * (2 * C * K * BV) / SM_TENSOR_RATE  # V_new = U - W S, then K^T V_new: bf16 tensor products
     if P == 1:
-        return _launch(F * HV * tiles, chunks, tape_step_bytes(K, V), n_sms, resident)
+        return _launch(F * HV * tiles, chunks, tape_step_bytes(K, V), walk_step, n_sms, resident)
     steps = -(-chunks // P)
     summary_bytes = 2 * C * K * 2 + C * (4 + 2) + C * BV * 2
     BC = min(COMPOSE_VALUE_TILE, V)
     compose_bytes = (K * K + 2 * K * BC) * 4
-    return (_launch(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary_bytes, n_sms, resident)
-            + _launch(F * HV * -(-V // BC), P, compose_bytes, n_sms, resident)
-            + _launch(F * P * HV * tiles, steps, tape_step_bytes(K, V), n_sms, resident))
+    compose_step = 2 * K * K * BC / SM_FMA_RATE
+    return (_launch(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary_bytes, walk_step, n_sms, resident)
+            + _launch(F * HV * -(-V // BC), P, compose_bytes, compose_step, n_sms, resident)
+            + _launch(F * P * HV * tiles, steps, tape_step_bytes(K, V), walk_step, n_sms, resident))
 
 
 def segment_range(ctx: KcpContext) -> int:

@@ -91,21 +91,29 @@ def test_plan_cost_model():
     4.8 TB/s) and segments only add phase 1's reads: P = 1; at HV = 4 its 8
     programs are each bound by one SM's bandwidth, and segments spread them:
     P = 5 at under half the time."""
-    from gdn_kcp.plan import plan_segments, tape_step_bytes, walk_cost
+    from gdn_kcp import plan
     from gdn_kcp.context import context_from_split
+    from gdn_kcp.plan import plan_segments, tape_step_bytes, walk_cost
 
     shape = dict(chunks=512, frags=1, K=128, V=128, n_sms=132)
     assert tape_step_bytes(128, 128) == 65920
     assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * 65920 * 64 / 4.8e12)  # 450 us
     assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(1050, abs=1)
     assert walk_cost(1, HV=4, **shape) == pytest.approx(512 * 65920 / (64 * 1.83e9))  # 288 us
-    assert walk_cost(5, HV=4, **shape) * 1e6 == pytest.approx(132, abs=1)
+    assert walk_cost(5, HV=4, **shape) * 1e6 == pytest.approx(135, abs=1)
     ctx = context_from_split([0, 32768], [(0, 32768)], 0, n_sms=132)
     assert plan_segments(ctx, 32, 128, 128) == 1
     assert plan_segments(ctx, 4, 128, 128) == 5
     assert plan_segments(context_from_split([0, 32768], [(0, 32768)], 0, n_sms=2), 4, 128, 128) == 1
     # many fragments fill the device: P = 1
     assert min(range(1, 65), key=lambda P: walk_cost(P, HV=4, **dict(shape, frags=64))) == 1
+    # HV = 32 keeps P = 1 with no bandwidth limit at all: the steps' products alone (282 us, 328 at P = 4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan, "HBM_BANDWIDTH", float("inf"))
+        patch.setattr(plan, "SM_BANDWIDTH", float("inf"))
+        unbound = {P: walk_cost(P, HV=32, **shape) * 1e6 for P in range(1, 65)}
+    assert min(unbound, key=unbound.get) == 1
+    assert (round(unbound[1]), round(unbound[4])) == (282, 328)
     # the README's table of the plan
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for HV in (32, 8, 4, 2):
