@@ -9,10 +9,11 @@ depends on its caps alone.
 Cost model: the time of the forward's walks, the same model as
 ``benchmarks/roofline.py``'s serial term. A walk launch of x programs, each a
 chain of s dependent steps that stream beta bytes and do work of w seconds
-at one SM's rates, runs ``waves(x) = ceil(x / (n_sms r))`` waves (r: walk
-programs resident per SM, :data:`WALK_RESIDENT`), and each step takes the
-longer of the step latency plus its work (times the programs sharing an SM)
-and the time the programs in flight need to stream their bytes:
+at one SM's rates, runs ``waves(x) = ceil(x / (n_sms r))`` waves (r:
+programs resident per SM, :data:`WALK_RESIDENT` for the walks,
+:data:`COMPOSE_RESIDENT` for phase 2), and each step takes the longer of the
+step latency plus its work (times the programs sharing an SM) and the time
+the programs in flight need to stream their bytes:
 ``max(STEP_LATENCY + sharing w, beta in_flight / min(HBM, busy SMs x SM_BANDWIDTH))``.
 
 - ``P = 1``: the tape walk, ``n`` steps (n = ``plan_chunks``) of
@@ -35,7 +36,7 @@ each bound by its SM's bandwidth) P = 1 costs 288 us and the plan picks P = 5
 (135 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
 HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,050 us),
 so the plan keeps P = 1 (tests/test_segments.py checks these figures). It
-would keep P = 1 there with no bandwidth limit at all (282 us, against 328 at
+would keep P = 1 there with no bandwidth limit at all (282 us, against 329 at
 P = 4): segments triple the walk's program-steps (phase 1 folds the V + K
 columns, phase 3 walks again), and the 68 SMs the tape walk leaves idle add at
 most 132 / 64 of tensor throughput.
@@ -61,6 +62,10 @@ WALK_RESIDENT = 2
 walk, segment summary) compile (sm_90, bf16, K = V = 128) to 255 registers x
 4 warps, half the register file of an SM (the README's compile table;
 tests/test_segments.py checks this value against the tape walk's warps)."""
+
+COMPOSE_RESIDENT = 1
+"""Composition programs resident on one SM: ``compose_segments`` compiles to
+239 / 244 registers x 8 warps (the README's compile table)."""
 
 STEP_LATENCY = 0.27e-6
 """Seconds of one dependent walk step (``benchmarks/roofline.py``'s default:
@@ -114,7 +119,7 @@ def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms
     compose_bytes = (K * K + 2 * K * BC) * 4
     compose_step = 2 * K * K * BC / SM_FMA_RATE
     return (_launch(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary_bytes, walk_step, n_sms, resident)
-            + _launch(F * HV * -(-V // BC), P, compose_bytes, compose_step, n_sms, resident)
+            + _launch(F * HV * -(-V // BC), P, compose_bytes, compose_step, n_sms, COMPOSE_RESIDENT)
             + _launch(F * P * HV * tiles, steps, tape_step_bytes(K, V), walk_step, n_sms, resident))
 
 

@@ -102,7 +102,7 @@ def test_kcp_block_on_two_ranks():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     mp.start_processes(_kcp_block_on_rank, args=(2, port, block, inputs, h0, expected), nprocs=2, join=True,
-                       start_method="forkserver")  # tests/spawn.py: the ranks fork from a preloaded server
+                       start_method="forkserver")  # the fork server of tests/spawn.py (preloaded once it is imported)
 
 
 def test_compile_and_memory_blocks():

@@ -169,6 +169,18 @@ def softplus(x):
 
 
 @triton.jit
+def load_qk_operand(ptr, rstd, tok, m_t, H_qk, hk, K, BK: tl.constexpr, HAS_NORM: tl.constexpr, MM: tl.constexpr,
+                    ACC: tl.constexpr):
+    """q or k rows of key head ``hk`` as the products read them, L2-normalised
+    (in ``ACC``, then rounded once to the operand) when ``HAS_NORM``. The norm
+    stays on this side: its reciprocal is unbounded (1,000 for a zero row at
+    eps 1e-6), so on the other operand it would overflow fp16."""
+    if HAS_NORM:
+        return operand(load_qk(ptr, rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC), MM)
+    return load_operand(ptr, tok, m_t, H_qk, hk, K, BK, MM, ACC)
+
+
+@triton.jit
 def gate_rows(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.constexpr):
     """The gates of rows ``tok`` of head ``h`` (rows outside ``m_t`` 0); with
     ``GATE`` computed from the raw input as :func:`load_gates` says."""
@@ -383,19 +395,16 @@ def segment_rows(frag_rows, n_frag, f):
 
 
 @triton.jit
-def walk_operands(k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
-                  BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
-                  ACC: tl.constexpr, MM: tl.constexpr):
-    """What one step of a walk over chunk ``c`` reads: rows, the gate prefix
-    sums ``G``, W and K as the products read them (:func:`load_operand`), the
-    row scale of K ``k_scale = gamma_C / gamma_i`` (times k's reciprocal norm
-    with ``HAS_NORM``) and ``gamma_C``.
+def walk_operands(g, gate_params, chunk_table, n_chunks, c, HV, h, BT: tl.constexpr, GATE: tl.constexpr,
+                  ACC: tl.constexpr):
+    """The rows of chunk ``c`` and the decays one step of a walk over it needs:
+    the gate prefix sums ``G``, ``k_scale = gamma_C / gamma_i`` and ``gamma_C``.
 
-    The walks put ``k_scale`` on the ``[BT, BV]`` side of their K products
-    (``K^T diag(k_scale) V_new``, ``diag(k_scale) K dS``), so no scaled
-    ``[BT, BK]`` copy of K is made: on sm_90 at 4 warps the tape walk
+    The walks put ``k_scale`` (at most 1) on the ``[BT, BV]`` side of their K
+    products (``K^T diag(k_scale) V_new``, ``diag(k_scale) (K dS)``), so no
+    decayed ``[BT, BK]`` copy of K is made: on sm_90 at 4 warps the tape walk
     spilled 1,864 bytes a thread with that fp32 copy and the ``[BT, BT]``
-    suffix sums of :func:`load_gates`, and spills 232 without them.
+    suffix sums of :func:`load_gates`, and spills 200 without them.
     ``gamma_C / gamma_i = exp(sum_{l > i} g_l)`` is a reverse cumsum of the
     gates one row on (read again from memory), which adds exactly the gates it
     spans, as :func:`load_gates` does, without its ``[BT, BT]`` temporary."""
@@ -403,21 +412,19 @@ def walk_operands(k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, 
     tok = start + o_t
     b_g = gate_rows(g, gate_params, tok, m_t, HV, h, GATE, ACC)
     b_after = gate_rows(g, gate_params, tok + 1, o_t + 1 < length, HV, h, GATE, ACC)
-    k_scale = tl.exp(tl.cumsum(b_after, 0, reverse=True))
-    if HAS_NORM:
-        k_scale = k_scale * load_scalars(k_rstd, tok, m_t, H_qk, hk, ACC)
-    return tok, m_t, tl.cumsum(b_g, 0), k_scale, tl.exp(tl.sum(b_g, 0))
+    return tok, m_t, tl.cumsum(b_g, 0), tl.exp(tl.cumsum(b_after, 0, reverse=True)), tl.exp(tl.sum(b_g, 0))
 
 
 @triton.jit
-def state_chunk(k, w, u, v_new, X, tok, m_t, k_scale, gamma_last, H_qk, hk, HV, h, K, V, col, BK: tl.constexpr,
-                BV: tl.constexpr, HAS_U: tl.constexpr, STORE: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+def state_chunk(k, k_rstd, w, u, v_new, X, tok, m_t, k_scale, gamma_last, H_qk, hk, HV, h, K, V, col,
+                BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_U: tl.constexpr, STORE: tl.constexpr,
+                MM: tl.constexpr, ACC: tl.constexpr):
     """One chunk of the state walk from ``X`` (columns ``[col, col + BV)``):
     ``V_new = U - W X`` (``U = 0`` without ``HAS_U``; stored into ``v_new``
     with ``STORE``), then ``gamma_C X + K^T diag(k_scale) V_new``. W is read
-    just before its product, K after V_new is stored: on sm_90 at 4 warps
-    this order spills 232 bytes a thread in the tape walk, against 696 with
-    both read first and 732 with the store last."""
+    just before its product, K after V_new is stored: of the orders tried on
+    sm_90 at 4 warps, the one with the fewest spills in the tape walk (about
+    a third of those with both read first, or with the store last)."""
     b_w = load_operand(w, tok, m_t, HV, h, K, BK, MM, ACC)
     if HAS_U:
         b_vn = load_rows_cols(u, tok, m_t, HV, h, V, col, BV, ACC) - dot(b_w, X, MM)
@@ -425,7 +432,7 @@ def state_chunk(k, w, u, v_new, X, tok, m_t, k_scale, gamma_last, H_qk, hk, HV, 
         b_vn = -dot(b_w, X, MM)
     if STORE:
         store_rows_cols(v_new, b_vn, tok, m_t, HV, h, V, col, BV)
-    b_k = load_operand(k, tok, m_t, H_qk, hk, K, BK, MM, ACC)
+    b_k = load_qk_operand(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, MM, ACC)
     return gamma_last * X + dot(tl.trans(b_k), k_scale[:, None] * b_vn, MM)
 
 

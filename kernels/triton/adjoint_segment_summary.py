@@ -33,9 +33,8 @@ def adjoint_segment_summary_kernel(
     for jj in range(0, count):
         c = first + count - 1 - jj
         tok, m_t, G, k_scale, gamma_last = walk_operands(
-            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE,
-            ACC, MM)
-        _, dS = adjoint_chunk(q, k, w, q_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale,
+            g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
+        _, dS = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale,
                               H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC, MM)
     store_state(nu, dS, i_r, HV, i_h, K, V, col, BK, BV)
 

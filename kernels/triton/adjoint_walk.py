@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, carry_row, dot, frag_info, head_block, load_operand, load_rows_cols,
-                      load_scalars, load_state, mm_mode, pointer, store_rows_cols, store_state, value_block,
+from ._common import (BT, acc_dtype, carry_row, dot, frag_info, head_block, load_operand, load_qk_operand,
+                      load_rows_cols, load_state, mm_mode, pointer, store_rows_cols, store_state, value_block,
                       walk_operands)
 
 
@@ -22,24 +22,21 @@ NUM_WARPS = 8
 
 
 @triton.jit
-def adjoint_chunk(q, k, w, q_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale, H_qk, hk, HV,
-                  h, K, V, col, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
+def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale, H_qk, hk,
+                  HV, h, K, V, col, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
                   MM: tl.constexpr):
-    """One chunk of the adjoint walk: ``(dVn, dS_prev)``. The row scales of K
-    and Q (``k_scale``; ``scale gamma_i`` times q's reciprocal norm) go on the
-    ``[BT, BV]`` side of the products, so K, W and Q enter them as stored
-    (:func:`load_operand`). W, K and Q are read in that order first: on sm_90
-    at 8 warps the adjoint walk spills 208 bytes a thread so, 424 to 540 in
-    the other orders tried."""
+    """One chunk of the adjoint walk: ``(dVn, dS_prev)``. The decays (at most
+    1: ``k_scale``, and ``scale gamma_i`` of Q) go on the ``[BT, BV]`` side of
+    the products, so no decayed copy of K or Q is made (:func:`walk_operands`).
+    W, K and Q are read first, in that order: on sm_90 at 8 warps the adjoint
+    walk then spills 372 bytes a thread and the adjoint summaries 40 (the
+    other orders: 348 to 472, and 24 to 76)."""
     b_w = load_operand(w, tok, m_t, HV, h, K, BK, MM, ACC)
-    b_k = load_operand(k, tok, m_t, H_qk, hk, K, BK, MM, ACC)
-    b_q = load_operand(q, tok, m_t, H_qk, hk, K, BK, MM, ACC)
-    q_scale = scale * tl.exp(G)
-    if HAS_NORM:
-        q_scale = q_scale * load_scalars(q_rstd, tok, m_t, H_qk, hk, ACC)
+    b_k = load_qk_operand(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, MM, ACC)
+    b_q = load_qk_operand(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, MM, ACC)
     b_do = load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC)
     b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + k_scale[:, None] * dot(b_k, dS, MM)
-    pull = dot(tl.trans(b_q), q_scale[:, None] * b_do, MM)
+    pull = dot(tl.trans(b_q), (scale * tl.exp(G))[:, None] * b_do, MM)
     return b_dvn, gamma_last * dS + pull - dot(tl.trans(b_w), b_dvn, MM)
 
 
@@ -70,9 +67,8 @@ def adjoint_walk_kernel(
         c = first + count - 1 - jj
         store_state(dh, dS, c, HV, i_h, K, V, col, BK, BV)
         tok, m_t, G, k_scale, gamma_last = walk_operands(
-            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE,
-            ACC, MM)
-        b_dvn, dS = adjoint_chunk(q, k, w, q_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale,
+            g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
+        b_dvn, dS = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale,
                                   H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC, MM)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
     if HAS_INITIAL:

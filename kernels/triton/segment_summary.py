@@ -43,11 +43,10 @@ def segment_summary_kernel(
         count = tl.where(col + BV <= V, 0, count)
     for j in range(0, count):
         tok, m_t, G, k_scale, gamma_last = walk_operands(
-            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM,
-            GATE, ACC, MM)
+            g, gate_params, chunk_table, n_chunks, first + j, HV, i_h, BT, GATE, ACC)
         # HAS_U: columns past V read nothing (u = [U | 0])
-        X = state_chunk(k, w, u, u, X, tok, m_t, k_scale, gamma_last, H_qk, i_hk, HV, i_h, K, V, col, BK, BV,
-                        HAS_U, False, MM, ACC)
+        X = state_chunk(k, k_rstd, w, u, u, X, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
+                        HV, i_h, K, V, col, BK, BV, HAS_NORM, HAS_U, False, MM, ACC)
     store_state(summary, X, i_r, HV, i_h, K, V + K, col, BK, BV)
 
 

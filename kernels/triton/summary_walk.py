@@ -50,10 +50,9 @@ def summary_walk_kernel(
                 S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
     for j in range(0, count):
         tok, m_t, G, k_scale, gamma_last = walk_operands(
-            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, first + j, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM,
-            GATE, ACC, MM)
-        S = state_chunk(k, w, u, u, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk, HV, i_h, K, V, col, BK, BV,
-                        not IS_M, False, MM, ACC)
+            g, gate_params, chunk_table, n_chunks, first + j, HV, i_h, BT, GATE, ACC)
+        S = state_chunk(k, k_rstd, w, u, u, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
+                        HV, i_h, K, V, col, BK, BV, HAS_NORM, not IS_M, False, MM, ACC)
     store_state_strided(out, S, i_h, stride_h, stride_k, K, WIDTH, col, BK, BV)
 
 

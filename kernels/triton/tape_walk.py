@@ -44,10 +44,9 @@ def tape_walk_kernel(
         c = first + j
         store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
         tok, m_t, G, k_scale, gamma_last = walk_operands(
-            k, k_rstd, w, g, gate_params, chunk_table, n_chunks, c, H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE,
-            ACC, MM)
-        S = state_chunk(k, w, u, v_new, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk, HV, i_h, K, V, col, BK, BV,
-                        True, True, MM, ACC)
+            g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
+        S = state_chunk(k, k_rstd, w, u, v_new, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
+                        HV, i_h, K, V, col, BK, BV, HAS_NORM, True, True, MM, ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
             store_state(final_state, S, i_f, HV, i_h, K, V, col, BK, BV)
