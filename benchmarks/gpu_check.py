@@ -325,18 +325,35 @@ def time_segments(results, device, dims, dtype, bounds):
     results["segments"] = out
 
 
-def segment_times(device, dims, dtype, T):
-    """:func:`time_segments` at one head count."""
+def walk_kernel_ms(fn, device) -> dict[str, float]:
+    """Device time (ms) of each walk and segment kernel (:data:`WALK_KERNELS`) in one call of ``fn``."""
     from torch.profiler import ProfilerActivity, profile
 
-    from gdn_kcp.plan import plan_segments, segment_range
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    walks = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", 0) if device.type == "cuda" else event.self_cpu_time_total
+        name = next((w for w in WALK_KERNELS if event.key.startswith(w)), None)
+        if name and us > 0:
+            walks[name] = round(walks.get(name, 0) + us / 1e3, 3)
+    return walks
+
+
+def segment_times(device, dims, dtype, T):
+    """:func:`time_segments` at one head count; with the forward walk's time in
+    the plan's model beside its measured one (``gdn_kcp.plan.walk_cost``), and
+    the P of the least measured forward walk."""
+    from gdn_kcp.plan import plan_segments, segment_range, walk_cost
 
     H_qk, HV, K, V = dims
     ctx = build_kcp_context([0, T], device=device)
     plan = plan_segments(ctx, HV, K, V)
     xs = [x.requires_grad_() for x in inputs(T, H_qk, HV, K, V, dtype, device)]
     do = torch.randn_like(xs[2])
-    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
     rows, reference = {}, None
     for P in sorted({1, plan, 2, 4, 8} & set(range(1, segment_range(ctx) + 1))):
         options = OptionsKcp(use_qk_l2norm=True, segments=P)
@@ -350,21 +367,17 @@ def segment_times(device, dims, dtype, T):
             reference = outputs
         with torch.no_grad():
             forward = timed(run, device)
+            forward_walks = walk_kernel_ms(run, device)
         both = timed(lambda: torch.autograd.grad((run() * do).sum(), xs), device)
-        with profile(activities=[activity]) as prof:
-            torch.autograd.grad((run() * do).sum(), xs)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        walks = {}
-        for event in prof.key_averages():
-            us = getattr(event, "device_time_total", 0) if device.type == "cuda" else event.self_cpu_time_total
-            name = next((w for w in WALK_KERNELS if event.key.startswith(w)), None)
-            if name and us > 0:
-                walks[name] = round(walks.get(name, 0) + us / 1e3, 3)
+        walks = walk_kernel_ms(lambda: torch.autograd.grad((run() * do).sum(), xs), device)
+        model = walk_cost(P, chunks=ctx.plan_chunks, frags=ctx.plan_frags, HV=HV, K=K, V=V, n_sms=ctx.n_sms)
         rows[P] = {"forward_ms": forward, "forward_backward_ms": both, "walk_kernels_ms": walks,
                    "walk_ms": round(sum(walks.values()), 3),
+                   "forward_walk_ms": round(sum(forward_walks.values()), 3),
+                   "model_forward_walk_ms": round(model * 1e3, 3),
                    "max_relative_rms_vs_p1": max(rel_rms(a, b) for a, b in zip(outputs, reference))}
-    return {"plan_P": plan, "n_sms": ctx.n_sms, "by_P": rows}
+    best = min(rows, key=lambda P: rows[P]["forward_walk_ms"])
+    return {"plan_P": plan, "measured_best_P": best, "n_sms": ctx.n_sms, "by_P": rows}
 
 
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
@@ -451,9 +464,11 @@ def markdown(r: dict) -> str:
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["kernel_ratio_fla_over_ours"].items()))
     for heads, seg in r.get("segments", {}).items():
         lines.append(f"- segments, {heads} (one document of T tokens; the plan's P = {seg['plan_P']} on "
-                     f"{seg['n_sms']} SMs): "
-                     + "; ".join(f"P = {P}: walks {row['walk_ms']:.2f} ms, forward {row['forward_ms']:.2f} ms, "
-                                 f"forward+backward {row['forward_backward_ms']:.2f} ms, rel RMS vs P = 1 "
+                     f"{seg['n_sms']} SMs, the least measured forward walk at P = {seg['measured_best_P']}): "
+                     + "; ".join(f"P = {P}: forward walk {row['forward_walk_ms']:.3f} ms (model "
+                                 f"{row['model_forward_walk_ms']:.3f}), all walks {row['walk_ms']:.2f} ms, "
+                                 f"forward {row['forward_ms']:.2f} ms, forward+backward "
+                                 f"{row['forward_backward_ms']:.2f} ms, rel RMS vs P = 1 "
                                  f"{row['max_relative_rms_vs_p1']:.1e}" for P, row in seg["by_P"].items()))
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
