@@ -213,7 +213,8 @@ def _all_mutants() -> list[Mutant]:
         *element_mutants(ROOT / "gdn_kcp" / "dtypes.py", "INDEX_BUFFERS"),
         # the copy imports kernels/ as gdn_kcp/kernels (copy_checkout)
         *binop_mutants(ROOT / "gdn_kcp" / "kernels" / "segments.py",
-                       {"capped_summary_rows", "table_elements", "summary_rows"}, tests=SEGMENT_TESTS),
+                       {"capped_summary_rows", "table_elements", "summary_rows", "summary_row_counts"},
+                       tests=SEGMENT_TESTS),
     ]
 
 
