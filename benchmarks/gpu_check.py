@@ -149,8 +149,6 @@ def time_paths(results, device, dims, dtype, bounds):
 def profile_kernels(results, device, dims, dtype, bounds):
     """Per-kernel device time of one forward+backward (torch.profiler), ours and
     FLA's when it imports: where the time goes, kernel by kernel."""
-    from torch.profiler import ProfilerActivity, profile
-
     H_qk, HV, K, V = dims
     ctx = build_kcp_context(bounds, device=device)
     xs = [x.requires_grad_() for x in inputs(bounds[-1], H_qk, HV, K, V, dtype, device)]
@@ -163,21 +161,13 @@ def profile_kernels(results, device, dims, dtype, bounds):
         paths["fla"] = lambda: fla_gdr(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
     except Exception:
         pass
-    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
     table = {}
     for name, fn in paths.items():
         torch.autograd.grad((fn() * do).sum(), xs)  # compiled and warm
         if device.type == "cuda":
             torch.cuda.synchronize()
-        with profile(activities=[activity]) as prof:
-            torch.autograd.grad((fn() * do).sum(), xs)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        rows = {}
-        for event in prof.key_averages():
-            us = getattr(event, "device_time_total", 0) if device.type == "cuda" else event.self_cpu_time_total
-            if us > 0:
-                rows[event.key[:80]] = round(us / 1e3, 3)
+        rows = {key[:80]: round(ms, 3)
+                for key, ms in kernel_ms(lambda: torch.autograd.grad((fn() * do).sum(), xs), device).items()}
         table[name] = dict(sorted(rows.items(), key=lambda kv: -kv[1])[:25])
     results["kernel_ms"] = table
     results["kernel_tflops"] = achieved_tflops(table, ctx, dims)
@@ -325,8 +315,9 @@ def time_segments(results, device, dims, dtype, bounds):
     results["segments"] = out
 
 
-def walk_kernel_ms(fn, device) -> dict[str, float]:
-    """Device time (ms) of each walk and segment kernel (:data:`WALK_KERNELS`) in one call of ``fn``."""
+def kernel_ms(fn, device) -> dict[str, float]:
+    """Milliseconds of each profiler event with time in one call of ``fn``:
+    device time on a GPU, self CPU time on the CPU (where events are ops)."""
     from torch.profiler import ProfilerActivity, profile
 
     activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
@@ -334,13 +325,22 @@ def walk_kernel_ms(fn, device) -> dict[str, float]:
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
-    walks = {}
+    times = {}
     for event in prof.key_averages():
         us = getattr(event, "device_time_total", 0) if device.type == "cuda" else event.self_cpu_time_total
-        name = next((w for w in WALK_KERNELS if event.key.startswith(w)), None)
-        if name and us > 0:
-            walks[name] = round(walks.get(name, 0) + us / 1e3, 3)
-    return walks
+        if us > 0:
+            times[event.key] = us / 1e3
+    return times
+
+
+def walk_kernel_ms(fn, device) -> dict[str, float]:
+    """Milliseconds of each walk and segment kernel (:data:`WALK_KERNELS`) in one call of ``fn``."""
+    walks = {}
+    for key, ms in kernel_ms(fn, device).items():
+        name = next((w for w in WALK_KERNELS if key.startswith(w)), None)
+        if name:
+            walks[name] = walks.get(name, 0.0) + ms
+    return {name: round(ms, 3) for name, ms in walks.items()}
 
 
 def segment_times(device, dims, dtype, T):
