@@ -101,7 +101,7 @@ def check_forward_backward(results, device, dims, dtype, bounds):
     for backend in ("triton", "torch"):
         leaves = [x.clone().requires_grad_() for x in xs]
         with use_programs(device.type, backend):
-            o = gdn_kcp(*leaves, ctx, use_qk_l2norm=True)
+            o, _ = gdn_kcp(*leaves, ctx, use_qk_l2norm_in_kernel=True)
             grads = torch.autograd.grad((o * do).sum(), leaves)
         outs[backend] = [o.detach(), *grads]
     names = ("o", "dq", "dk", "dv", "dg", "dbeta")
@@ -119,7 +119,7 @@ def time_paths(results, device, dims, dtype, bounds):
     do = torch.randn_like(xs[2])
 
     def ours():
-        return gdn_kcp(*xs, ctx, use_qk_l2norm=True)
+        return gdn_kcp(*xs, ctx, use_qk_l2norm_in_kernel=True)[0]
 
     rows = {"gdn_kcp": ours}
     try:
@@ -154,7 +154,7 @@ def profile_kernels(results, device, dims, dtype, bounds):
     xs = [x.requires_grad_() for x in inputs(bounds[-1], H_qk, HV, K, V, dtype, device)]
     cu = torch.tensor(bounds, dtype=torch.long, device=device)
     do = torch.randn_like(xs[2])
-    paths = {"gdn_kcp": lambda: gdn_kcp(*xs, ctx, use_qk_l2norm=True)}
+    paths = {"gdn_kcp": lambda: gdn_kcp(*xs, ctx, use_qk_l2norm_in_kernel=True)[0]}
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdr
 
@@ -288,7 +288,7 @@ def check_capture_once(results, device, dims, dtype, bounds, steps: int | None =
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            o = gdn_kcp(*leaves, contexts[-1], options=options, workspace=workspace)
+            o, _ = gdn_kcp(*leaves, contexts[-1], options=options, workspace=workspace)
             torch.autograd.grad(o.float().square().mean(), leaves)
             capture["no_host_sync"] = True
         finally:
@@ -359,7 +359,7 @@ def segment_times(device, dims, dtype, T):
         options = OptionsKcp(use_qk_l2norm=True, segments=P)
 
         def run():
-            return gdn_kcp(*xs, ctx, options=options)
+            return gdn_kcp(*xs, ctx, options=options)[0]
 
         grads = torch.autograd.grad((run() * do).sum(), xs)
         outputs = [run().detach(), *grads]

@@ -8,6 +8,7 @@ from gdn_kcp.context import KcpContext, build_kcp_context
 from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.options import OptionsKcp
+from gdn_kcp.parallel import check_cp_gradients
 from gdn_kcp.queries import (
     gdn_comm_bytes_kcp,
     gdn_det_comm_bytes_kcp,
@@ -24,6 +25,8 @@ from gdn_kcp.queries import (
 from gdn_kcp.reference import naive_recurrence
 from gdn_kcp.workspace import WorkspaceKcp, record_workspace
 
+from gdn_kcp import layers  # noqa: E402  (gdn_kcp.layers after `import gdn_kcp`; it imports the API above)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "OptionsKcp",
     "WorkspaceKcp",
     "build_kcp_context",
+    "check_cp_gradients",
     "chunk_gated_delta_rule",
     "gdn_comm_bytes_kcp",
     "gdn_det_comm_bytes_kcp",
@@ -44,6 +48,7 @@ __all__ = [
     "gdn_state_layout_kcp",
     "gdn_workspace_bytes_kcp",
     "gdn_workspace_layout_kcp",
+    "layers",
     "naive_recurrence",
     "record_comm_bytes",
     "record_workspace",

@@ -5,6 +5,13 @@ from __future__ import annotations
 import torch
 
 from gdn_kcp.context import capped_context, context_from_split, device_sms
+from gdn_kcp.fla_compat import (
+    check_chunk_indices,
+    check_cp_context,
+    check_cu_seqlens_cpu,
+    fla_keywords,
+    states_v_first,
+)
 from gdn_kcp.gates import gate_keywords
 from gdn_kcp.ops import apply_gdn
 from gdn_kcp.options import OptionsKcp
@@ -17,19 +24,27 @@ def chunk_gated_delta_rule(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    *,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
+    cp_context: object = None,
+    *,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     use_gate_in_kernel: bool = False,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet on one rank, chunked (C = 64), with an explicit backward.
+
+    flash-linear-attention's signature: the same positional order and keywords
+    (:mod:`gdn_kcp.fla_compat` has the call forms that are not math).
 
     Args:
         q, k: ``[B, T, H_qk, K]``.
@@ -37,17 +52,29 @@ def chunk_gated_delta_rule(
             ``i // (HV // H_qk)``).
         g: ``[B, T, HV]``, log decay (``<= 0``). beta: ``[B, T, HV]``.
         scale: defaults to ``K ** -0.5``.
-        initial_state: ``[N, HV, K, V]``, one per document.
-        output_final_state: also return the final states ``[N, HV, K, V]``.
+        initial_state: ``[N, HV, K, V]``, one per document (``[N, HV, V, K]``
+            with ``state_v_first``).
+        output_final_state: also return the final states ``[N, HV, K, V]``
+            (``[N, HV, V, K]`` with ``state_v_first``).
         use_qk_l2norm_in_kernel: L2-normalise q and k per token and head.
-        cu_seqlens: ``[N + 1]`` int32/int64 document bounds of a packed batch
-            (B = 1); without it the B rows are N = B documents.
-        A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-            allow_neg_eigval: FLA's gate and beta keywords
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, A_log, dt_bias,
+            use_gate_in_kernel: FLA's gate and beta keywords
             (:mod:`gdn_kcp.gates`): with ``use_gate_in_kernel`` g is the raw
             gate input and ``g = -exp(A_log) softplus(g + dt_bias)``; with
-            ``use_beta_sigmoid_in_kernel`` ``beta = sigmoid(beta)``; with
-            ``allow_neg_eigval`` beta is doubled.
+            ``use_beta_sigmoid_in_kernel`` ``beta = sigmoid(beta)``, and
+            ``allow_neg_eigval`` (which needs it, as in FLA) doubles it.
+        state_v_first: states in FLA's V-first layout (the deprecated
+            keyword ``transpose_state_layout`` is taken with FLA's warning).
+        cu_seqlens: ``[N + 1]`` int32/int64 document bounds of a packed batch
+            (B = 1); without it the B rows are N = B documents.
+        cu_seqlens_cpu: a host copy of ``cu_seqlens``: the eager checks read
+            it instead (no device sync); it must equal ``cu_seqlens``.
+        chunk_indices: FLA's precomputed ``[NT, 2]`` chunk table; the kernels
+            cut their own chunks, so it is only checked against ``cu_seqlens``.
+        cp_context: FLA's context parallelism: refused (use :func:`gdn_kcp.gdn_kcp`).
+        kwargs: ``chunk_size`` (64 only), ``transpose_state_layout``,
+            ``head_first`` (raises ``DeprecationWarning``, as FLA does). Any
+            other keyword is a ``TypeError`` (FLA ignores it).
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state
     fp32 (fp64 for fp64 inputs) or None. Computation is in fp32 (fp64 for fp64
@@ -59,8 +86,9 @@ def chunk_gated_delta_rule(
     ``torch.compile(fullgraph=True)`` one graph serves every packing of a
     fixed-length ``cu_seqlens``: pad it with trailing repeats of T (zero-length
     documents, whose initial states pass to their final states unchanged).
-    Eager calls read ``cu_seqlens`` on the host once to check it, like FLA;
-    traced calls check its values with device-side asserts instead.
+    Eager calls read ``cu_seqlens`` (or ``cu_seqlens_cpu``) on the host once
+    to check it, like FLA; traced calls, and FakeTensors, check its values
+    with device-side asserts instead.
 
     Example::
 
@@ -70,11 +98,18 @@ def chunk_gated_delta_rule(
         o, s = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
                                       cu_seqlens=torch.tensor([0, 30, 100]))
     """
+    state_v_first = fla_keywords(state_v_first, kwargs)
+    check_cp_context(cp_context)
     gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+    if state_v_first:
+        initial_state = states_v_first(initial_state)
+    host_bounds = check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens)
     dims, bounds = check_gdn_inputs(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        cu_seqlens_host=host_bounds,
     )
+    check_chunk_indices(chunk_indices, cu_seqlens)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     BT = dims.B * dims.T
@@ -92,4 +127,8 @@ def chunk_gated_delta_rule(
         initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel),
         float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None, gate,
     )
-    return o.view(dims.B, dims.T, dims.HV, dims.V), final_state if output_final_state else None
+    if not output_final_state:
+        final_state = None
+    elif state_v_first:
+        final_state = states_v_first(final_state)
+    return o.view(dims.B, dims.T, dims.HV, dims.V), final_state

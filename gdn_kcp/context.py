@@ -15,9 +15,17 @@ import torch
 import torch.distributed as dist
 
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
-from gdn_kcp.kernels.chunk_index import CHUNK_SIZE, PADDING, capped_index
+from gdn_kcp.kernels.chunk_index import CHUNK_SIZE, capped_index
 from gdn_kcp.kernels.segments import MAX_SEGMENTS, capped_summary_rows, summary_row_counts
-from gdn_kcp.validate import check_bounds, check_cu_seqlens, check_max_docs
+from gdn_kcp.parallel import group_device, resolve_group
+from gdn_kcp.validate import (
+    check_bounds,
+    check_bounds_tensor,
+    check_cu_seqlens,
+    check_cu_seqlens_traced,
+    check_max_docs,
+    values_readable,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +84,10 @@ class KcpContext:
     """Summary rows of this rank at P = 1, ..., 64 segments
     (:mod:`gdn_kcp.kernels.segments`): counted from the fragments of an exact
     context, the caps' bound on a capped one."""
+    doc_rows: tuple[tuple[int, ...], tuple[int, ...]] | None = field(default=None, compare=False)
+    """``(start_docs, end_docs)`` as host facts when the packing was known on
+    the host at build time (None for a capped context built from a tensor
+    whose values stay on the device, or are fake): not caps."""
     packing_digest: int = field(default=0, compare=False)
     """A digest of the packing a capped context was built from on the host (0
     when unknown): not a cap (``meta`` leaves it out), read by the
@@ -118,22 +130,27 @@ class KcpContext:
         rank; ``max_docs`` on a capped context (rows past ``len(end_docs)`` are zero)."""
         return self.index.n_frag if self.capped else self.index.n_frag - self.n_out
 
-    def _docs_without(self, flag: int) -> list[int]:
-        docs, flags = self.index.frag_doc.tolist(), self.index.frag_flags.tolist()
-        return [d for d, f in zip(docs, flags) if not f & (flag | PADDING)]
+    def _doc_rows(self, which: int) -> list[int]:
+        if self.doc_rows is None:
+            raise ValueError(
+                "this capped context was built from a cu_seqlens whose values were not read on the host (a device, "
+                "traced or fake tensor), so which documents start and end on this rank is data on the device: "
+                "build the context from host bounds (a list or a CPU tensor) to know them"
+            )
+        return list(self.doc_rows[which])
 
     @property
     def start_docs(self) -> list[int]:
         """Global ids of the documents that start on this rank, in order: the
-        leading rows of the initial state (reads the host index: not for a
-        context built under FakeTensorMode)."""
-        return self._docs_without(CROSSING_IN)
+        leading rows of the initial state (host facts of the build; no read
+        of a table)."""
+        return self._doc_rows(0)
 
     @property
     def end_docs(self) -> list[int]:
         """Global ids of the documents that end on this rank, in order: the
         leading rows of the final state."""
-        return self._docs_without(CROSSING_OUT)
+        return self._doc_rows(1)
 
     @property
     def exchanges(self) -> bool:
@@ -220,15 +237,6 @@ def rank_fragments(bounds: list[int], start: int, end: int, last_rank: bool) -> 
     return frags
 
 
-def _group_device(group: object) -> torch.device:
-    """CUDA when the group can move CUDA tensors (an NCCL backend, alone or in a
-    "cpu:gloo,cuda:nccl" pair), else the CPU."""
-    backend = str(dist.get_backend(group))
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _digest(values: object) -> int:
     raw = hashlib.sha256(repr(values).encode()).digest()
     return int.from_bytes(raw[:7], "little")
@@ -237,7 +245,7 @@ def _digest(values: object) -> int:
 def check_same_everywhere(facts: dict[str, object], group: object, R: int, what: str) -> None:
     """One all_gather of one digest per fact; every rank raises a ``ValueError``
     naming the facts, and the ranks whose values differ from rank 0's."""
-    device = _group_device(group)
+    device = group_device(group)
     mine = torch.tensor([_digest(value) for value in facts.values()], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(R)]
     dist.all_gather(gathered, mine, group=group)
@@ -261,11 +269,21 @@ def build_kcp_context(
     device: torch.device | str | None = None,
     max_docs: int | None = None,
     n_sms: int | None = None,
+    n_tokens: int | None = None,
 ) -> KcpContext:
     """Split the packed stream of ``cu_seqlens_global`` (``[N + 1]``, int32/int64,
-    or a list of ints; the same on every rank) across the ranks of ``group``.
+    or a list of ints; the same on every rank) across the ranks of ``group``:
+    None (the default group), a ``ProcessGroup``, a 1-D ``DeviceMesh`` (e.g.
+    ``mesh["cp"]``) or a ``(mesh, "cp")`` pair naming the context-parallel
+    dimension of a larger mesh (:func:`gdn_kcp.parallel.resolve_group`).
+
     A list needs no read of tensor data, so it also works under FakeTensorMode
-    (the index tables are then fake tensors).
+    (the index tables are then fake tensors). A tensor whose values the host
+    cannot read (a FakeTensor, or one traced by torch.compile) builds a capped
+    context with no read at all: it needs ``max_docs`` and the stream's length
+    ``n_tokens`` (or ``rank_ranges``, which end at it), and its values are
+    checked by device-side asserts. ``n_tokens`` given with readable bounds
+    must equal their last value.
 
     Default split: contiguous and as equal as possible. ``rank_ranges`` gives any
     contiguous split covering ``[0, T)`` (uneven, empty ranks allowed), the same
@@ -292,18 +310,8 @@ def build_kcp_context(
         ctx = build_kcp_context(torch.tensor([0, 700, 1000, 4096]), rank_ranges=[(0, 1000), (1000, 4096)])
         ctx = build_kcp_context(cu_seqlens_of_this_step, max_docs=64)   # training: one layout for every step
     """
-    if isinstance(cu_seqlens_global, (list, tuple)):
-        bounds = check_bounds("cu_seqlens_global", cu_seqlens_global, None)
-        T = bounds[-1]
-    elif isinstance(cu_seqlens_global, torch.Tensor):
-        bounds = check_cu_seqlens(cu_seqlens_global, None, name="cu_seqlens_global")
-        T = bounds[-1]
-    else:
-        raise TypeError(
-            f"cu_seqlens_global must be a torch.Tensor or a list of ints [N + 1], got {type(cu_seqlens_global).__name__}"
-        )
-    if max_docs is not None:
-        check_max_docs(max_docs, len(bounds) - 1, "cu_seqlens_global")
+    group = resolve_group(group)
+    bounds, T = _global_bounds(cu_seqlens_global, max_docs, n_tokens, rank_ranges)
     if dist.is_available() and dist.is_initialized():
         R, rank = dist.get_world_size(group), dist.get_rank(group)
         if rank < 0:
@@ -315,17 +323,65 @@ def build_kcp_context(
         raise ValueError(f"group={group!r} was given but torch.distributed is not initialised")
     ranges = default_ranges(T, R) if rank_ranges is None else check_ranges(rank_ranges, T, R)
     if device is None:
-        device = _group_device(group) if R > 1 else torch.device("cpu")
+        device = group_device(group) if R > 1 else torch.device("cpu")
     n_sms = device_sms(device) if n_sms is None else check_sms(n_sms)
-    if R > 1 and max_docs is None:
+    if R > 1 and torch._guards.detect_fake_mode() is not None:
+        pass  # a fake all-gather carries no values: the ranks' agreement is checked by the real run
+    elif R > 1 and max_docs is None:
         check_same_everywhere({"cu_seqlens_global": bounds, "rank_ranges": ranges, "n_sms": n_sms}, group, R,
                               "build_kcp_context")
     elif R > 1 and (group_name, tuple(ranges), max_docs, n_sms) not in _AGREED_CAPS:
         check_same_everywhere({"rank_ranges": ranges, "max_docs": max_docs, "n_sms": n_sms}, group, R,
                               "build_kcp_context (capped)")
         _AGREED_CAPS.add((group_name, tuple(ranges), max_docs, n_sms))
+    if bounds is None:  # values on the device: pad to the cap with zero-length documents at T, read nothing
+        cu = cu_seqlens_global.to(torch.int64)
+        padded = torch.cat([cu, cu.new_full((max_docs + 1 - cu.shape[0],), T)])
+        return capped_context(padded, ranges, rank, group=group, group_name=group_name, device=device, n_sms=n_sms)
     return context_from_split(bounds, ranges, rank, group=group, group_name=group_name, device=device,
                               max_docs=max_docs, n_sms=n_sms)
+
+
+def _global_bounds(cu_seqlens_global: object, max_docs: object, n_tokens: object,
+                   rank_ranges: object) -> tuple[list[int] | None, int]:
+    """``(bounds, T)`` of :func:`build_kcp_context`'s stream, checked; bounds
+    None for a tensor whose values the host cannot read (then checked on the
+    device against the T of ``n_tokens`` or ``rank_ranges``)."""
+    name = "cu_seqlens_global"
+    if n_tokens is not None and (isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0):
+        raise ValueError(f"n_tokens must be an int >= 0 or None, got {n_tokens!r}")
+    if isinstance(cu_seqlens_global, (list, tuple)):
+        bounds = check_bounds(name, cu_seqlens_global, n_tokens)
+    elif isinstance(cu_seqlens_global, torch.Tensor) and values_readable(cu_seqlens_global):
+        bounds = check_cu_seqlens(cu_seqlens_global, n_tokens, name=name)
+    elif isinstance(cu_seqlens_global, torch.Tensor):
+        check_bounds_tensor(name, cu_seqlens_global)
+        if max_docs is None:
+            raise ValueError(f"{name} is a fake or traced tensor, whose values cannot be read on the host: pass "
+                             f"max_docs= for a capped context (its layout depends on the caps only), or the bounds "
+                             f"as a list")
+        check_max_docs(max_docs, cu_seqlens_global.shape[0] - 1, name)
+        T = n_tokens if n_tokens is not None else _ranges_end(rank_ranges)
+        if T is None:
+            raise ValueError(f"{name} is a fake or traced tensor, whose values cannot be read on the host: pass "
+                             f"n_tokens= (the stream's length T) or rank_ranges=")
+        check_cu_seqlens_traced(cu_seqlens_global, T, name=name)
+        return None, T
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor or a list of ints [N + 1], got "
+                        f"{type(cu_seqlens_global).__name__}")
+    if max_docs is not None:
+        check_max_docs(max_docs, len(bounds) - 1, name)
+    return bounds, bounds[-1]
+
+
+def _ranges_end(rank_ranges: object) -> int | None:
+    """The end of the last rank range, when ``rank_ranges`` has one to read
+    (:func:`check_ranges` checks the rest)."""
+    try:
+        return int(rank_ranges[-1][1])
+    except (TypeError, IndexError, ValueError):
+        return None
 
 
 def check_sms(n_sms: object) -> int:
@@ -363,12 +419,14 @@ def context_from_split(
     (``bounds`` holds at most ``max_docs`` documents). ``n_sms``: the device's
     SM count the segment plan fills (default 1: the plan then keeps P = 1)."""
     check_sms(n_sms)
+    R = len(ranges)
     if max_docs is not None:
         check_max_docs(max_docs, len(bounds) - 1, "bounds")
-        padded = torch.tensor(bounds + [bounds[-1]] * (max_docs + 1 - len(bounds)), dtype=torch.int64)
-        ctx = capped_context(padded, ranges, rank, group=group, group_name=group_name, device=device, n_sms=n_sms)
-        return replace(ctx, packing_digest=_digest(bounds))
-    R = len(ranges)
+        padded = bounds + [bounds[-1]] * (max_docs + 1 - len(bounds))
+        ctx = capped_context(torch.tensor(padded, dtype=torch.int64), ranges, rank, group=group,
+                             group_name=group_name, device=device, n_sms=n_sms)
+        mine = rank_fragments(padded, *ranges[rank], rank == R - 1)
+        return replace(ctx, packing_digest=_digest(bounds), doc_rows=_doc_rows(mine))
     every_rank = [rank_fragments(bounds, start, end, r == R - 1) for r, (start, end) in enumerate(ranges)]
     rank_n_in = tuple(int(any(f[3] & CROSSING_IN for f in frags)) for frags in every_rank)
     rank_n_out = tuple(int(any(f[3] & CROSSING_OUT for f in frags)) for frags in every_rank)
@@ -400,7 +458,14 @@ def context_from_split(
             [-(-(f[2] - f[1]) // CHUNK_SIZE) for f in mine], [f[3] for f in mine], index.max_frag_chunks,
             exchanges=bool(chains),
         ),
+        doc_rows=_doc_rows(mine),
     )
+
+
+def _doc_rows(frags: list[tuple[int, int, int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(start_docs, end_docs)`` of a rank's fragments (:func:`rank_fragments`)."""
+    return (tuple(doc for doc, _, _, flags in frags if not flags & CROSSING_IN),
+            tuple(doc for doc, _, _, flags in frags if not flags & CROSSING_OUT))
 
 
 def _neighbours(chains: tuple[tuple[int, ...], ...], R: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

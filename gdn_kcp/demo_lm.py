@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gdn_kcp.context import build_kcp_context
+from gdn_kcp.parallel import check_cp_gradients
 from gdn_kcp.layers import GatedDeltaNet
 
 HIDDEN, LAYERS, VOCAB = 64, 2, 256
@@ -142,6 +143,8 @@ def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+            if step == 0:  # once per run: every rank holds the summed gradient (the KCP ranks are the cp group)
+                check_cp_gradients(model, None)
             optimizer.step()
     finally:
         dist.destroy_process_group()

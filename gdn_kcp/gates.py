@@ -2,7 +2,8 @@
 
     use_gate_in_kernel=True:          g    = -exp(A_log) * softplus(g_raw + dt_bias)   (per value head)
     use_beta_sigmoid_in_kernel=True:  beta = sigmoid(beta_raw)
-    allow_neg_eigval=True:            beta = 2 * beta   (eigenvalues of I - beta k k^T in [-1, 1])
+    allow_neg_eigval=True:            beta = 2 * sigmoid(beta_raw)   (eigenvalues of I - beta k k^T in [-1, 1];
+                                      only with the sigmoid, as in flash-linear-attention)
 
 Every program computes them as it loads g and beta (in the compute dtype), so
 no gate or beta tensor is written: the ops take the raw inputs, ``[2, HV]``
@@ -61,6 +62,9 @@ def gate_keywords(g, beta, *, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmo
                        ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
                        ("allow_neg_eigval", allow_neg_eigval)):
         check_flag(name, flag)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in "
+                         "flash-linear-attention): it doubles the sigmoid of the raw beta")
     if not use_gate_in_kernel:
         for name, value in (("A_log", A_log), ("dt_bias", dt_bias)):
             if value is not None:

@@ -11,7 +11,7 @@ from gdn_kcp.gates import gate_keywords
 from gdn_kcp.ops import apply_gdn, check_workspace
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.rank_check import check_ranks_agree
-from gdn_kcp.validate import GdnDims, check_flag, check_gdn_inputs
+from gdn_kcp.validate import GdnDims, check_flag, check_gdn_inputs, qk_norm_flag
 from gdn_kcp.workspace import WorkspaceKcp
 
 
@@ -61,7 +61,7 @@ def gdn_kcp(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    use_qk_l2norm: bool | None = None,
+    use_qk_l2norm_in_kernel: bool | None = None,
     options: OptionsKcp | None = None,
     workspace: WorkspaceKcp | None = None,
     A_log: torch.Tensor | None = None,
@@ -69,7 +69,8 @@ def gdn_kcp(
     use_gate_in_kernel: bool = False,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    use_qk_l2norm: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GDN over a packed stream split across the ranks of ``ctx`` (KCP).
 
     Every rank passes its own token range ``ctx.rank_ranges[ctx.rank]``:
@@ -83,8 +84,13 @@ def gdn_kcp(
     ``output_final_state=True`` the call returns ``(o, final_state)``,
     final_state ``[ctx.n_end_docs, HV, K, V]`` (fp32; fp64 for fp64 inputs) for
     the documents that end on this rank (``ctx.end_docs``). Over the ranks,
-    these rows are the one-rank call's, each exactly once. Every rank of the group must call it (and its backward) together.
-    ``use_qk_l2norm`` is a shortcut for ``options.use_qk_l2norm``. ``workspace``
+    these rows are the one-rank call's, each exactly once. It returns
+    ``(o, final_state)`` as :func:`chunk_gated_delta_rule` does, final_state
+    None unless ``output_final_state``. Every rank of the group must call it
+    (and its backward) together.
+    ``use_qk_l2norm_in_kernel`` (FLA's name; ``use_qk_l2norm`` is the same
+    switch under its older name) is a shortcut for
+    ``options.use_qk_l2norm``. ``workspace``
     (a :class:`WorkspaceKcp` of the same context layout, shapes, dtype and options)
     serves both calls; without it each call allocates its own. ``A_log``,
     ``dt_bias``, ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel`` and
@@ -99,9 +105,10 @@ def gdn_kcp(
 
         ctx = build_kcp_context(cu_seqlens_global)              # same on every rank
         start, end = ctx.rank_ranges[ctx.rank]
-        o = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
-                    g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm=True)
+        o, _ = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
+                       g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm_in_kernel=True)
     """
+    use_qk_l2norm = qk_norm_flag(use_qk_l2norm_in_kernel, use_qk_l2norm)
     gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
     first_workspace_call = isinstance(workspace, WorkspaceKcp) and not workspace.ranks_agreed
@@ -123,5 +130,4 @@ def gdn_kcp(
         initial_state, ctx, options, float(dims.K**-0.5 if scale is None else scale),
         ctx.n_end_docs if output_final_state else 0, workspace, gate,
     )
-    o = o.view(1, T, dims.HV, dims.V)
-    return (o, final_state) if output_final_state else o
+    return o.view(1, T, dims.HV, dims.V), final_state if output_final_state else None

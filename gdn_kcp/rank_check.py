@@ -25,7 +25,8 @@ import struct
 import torch
 import torch.distributed as dist
 
-from gdn_kcp.context import KcpContext, _group_device
+from gdn_kcp.context import KcpContext
+from gdn_kcp.parallel import group_device
 from gdn_kcp.options import BOUNDARY_MODES, EXCHANGES, GRAPH_MODES, OPTION_NAMES, SAVE_MODES
 
 ENV_VAR = "GDN_KCP_CHECK_RANKS"
@@ -179,7 +180,7 @@ def check_ranks_agree(
     own_codes = [_dim(q, 1), ctx.rank, int(local_error is None)]
 
     world = dist.get_world_size(ctx.group)
-    mine = torch.tensor(shared_codes + own_codes, dtype=torch.int64, device=_group_device(ctx.group))
+    mine = torch.tensor(shared_codes + own_codes, dtype=torch.int64, device=group_device(ctx.group))
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine, group=ctx.group)
     rows = torch.stack(gathered).cpu().tolist()  # a debug aid: one host sync is its price

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from gdn_kcp.kernels.torch._chunks import L2NORM_EPS
+from gdn_kcp.validate import qk_norm_flag
 
 
 def naive_recurrence(
@@ -25,16 +26,18 @@ def naive_recurrence(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    use_qk_l2norm: bool = False,
+    use_qk_l2norm_in_kernel: bool | None = None,
     cu_seqlens: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float64,
+    use_qk_l2norm: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GDN by its definition, in fp64, with the layouts of
     :func:`gdn_kcp.chunk_gated_delta_rule`.
 
     q, k: ``[B, T, H_qk, K]``; v: ``[B, T, HV, V]``; g, beta: ``[B, T, HV]``;
     cu_seqlens ``[N + 1]`` (B = 1) or None (B documents of T tokens);
-    initial_state ``[N, HV, K, V]``. Returns o ``[B, T, HV, V]`` and, when asked,
+    initial_state ``[N, HV, K, V]``; ``use_qk_l2norm_in_kernel`` (or its
+    older name ``use_qk_l2norm``) normalises q and k. Returns o ``[B, T, HV, V]`` and, when asked,
     the final states ``[N, HV, K, V]``, both fp64 (``compute_dtype``: a
     benchmark may run the same loop in fp32; the oracle is fp64).
 
@@ -43,6 +46,7 @@ def naive_recurrence(
         o, s = naive_recurrence(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 5, 9]),
                                 output_final_state=True)
     """
+    use_qk_l2norm = bool(qk_norm_flag(use_qk_l2norm_in_kernel, use_qk_l2norm))
     B, T, H_qk, K = q.shape
     HV = v.shape[2]
     if scale is None:

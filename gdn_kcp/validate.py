@@ -52,12 +52,41 @@ def check_flag(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
-def check_cu_seqlens(cu_seqlens: object, T: int | None, name: str = "cu_seqlens") -> list[int]:
-    """Validate ``cu_seqlens`` ``[N + 1]`` (ending at ``T`` when given) and
-    return its values (a host read)."""
+def qk_norm_flag(use_qk_l2norm_in_kernel: object, use_qk_l2norm: object) -> bool | None:
+    """The q/k norm switch under either of its names (None when neither is given)."""
+    if use_qk_l2norm_in_kernel is None:
+        return use_qk_l2norm
+    if not isinstance(use_qk_l2norm_in_kernel, bool):
+        raise TypeError(f"use_qk_l2norm_in_kernel must be a bool or None, got "
+                        f"{type(use_qk_l2norm_in_kernel).__name__} {use_qk_l2norm_in_kernel!r}")
+    if use_qk_l2norm is not None and use_qk_l2norm != use_qk_l2norm_in_kernel:
+        raise ValueError(f"use_qk_l2norm_in_kernel={use_qk_l2norm_in_kernel} disagrees with "
+                         f"use_qk_l2norm={use_qk_l2norm}: they name the same switch")
+    return use_qk_l2norm_in_kernel
+
+
+def values_readable(x: torch.Tensor) -> bool:
+    """False for a tensor whose values the host cannot read yet: one traced by
+    torch.compile, or a FakeTensor (FakeTensorMode). A meta tensor has no
+    values at all, and its readers say so."""
+    if torch.compiler.is_compiling():
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(x)
+
+
+def check_bounds_tensor(name: str, cu_seqlens: object) -> None:
+    """What can be checked of a ``cu_seqlens`` without reading it: a 1-D int32/int64 tensor."""
     check_tensor(name, cu_seqlens, 1, "[N + 1]")
     if cu_seqlens.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {cu_seqlens.dtype}")
+
+
+def check_cu_seqlens(cu_seqlens: object, T: int | None, name: str = "cu_seqlens") -> list[int]:
+    """Validate ``cu_seqlens`` ``[N + 1]`` (ending at ``T`` when given) and
+    return its values (a host read)."""
+    check_bounds_tensor(name, cu_seqlens)
     if cu_seqlens.is_meta:
         raise ValueError(
             f"{name} is on device {cu_seqlens.device}, which holds no values, and its values are read on the host: "
@@ -69,11 +98,10 @@ def check_cu_seqlens(cu_seqlens: object, T: int | None, name: str = "cu_seqlens"
 def check_cu_seqlens_traced(cu_seqlens: object, T: int, name: str = "cu_seqlens") -> None:
     """What can be checked of ``cu_seqlens`` without reading it (its type,
     rank and dtype), plus device-side asserts of its values (start at 0,
-    non-decreasing, end at ``T``): for traced code, where a host read would
-    break the graph. A bad value fails the step at its next sync."""
-    check_tensor(name, cu_seqlens, 1, "[N + 1]")
-    if cu_seqlens.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {cu_seqlens.dtype}")
+    non-decreasing, end at ``T``): for a traced tensor, where a host read
+    would break the graph, and a fake one, which has no values. A bad value
+    fails the step at its next sync."""
+    check_bounds_tensor(name, cu_seqlens)
     if cu_seqlens.shape[0] == 0:
         raise ValueError(f"{name} must start at 0, got an empty tensor")
     torch._assert_async(cu_seqlens[0] == 0, f"{name} must start at 0")
@@ -124,12 +152,16 @@ def check_gdn_inputs(
     initial_state: object,
     cu_seqlens: object,
     initial_rows: tuple[int, str] | None = None,
+    cu_seqlens_host: torch.Tensor | None = None,
 ) -> tuple[GdnDims, list[int] | None]:
     """Check the FLA-layout inputs; return their sizes and the document bounds
-    over the flattened ``B * T`` tokens (None for a ``cu_seqlens`` checked in
-    traced code: :func:`check_cu_seqlens_traced`). ``initial_rows`` (count,
-    symbol) sets the rows initial_state must have when they are not the N
-    documents (a KCP rank holds the documents that start on it)."""
+    over the flattened ``B * T`` tokens (None for a ``cu_seqlens`` whose
+    values the host cannot read, traced or fake, checked by
+    :func:`check_cu_seqlens_traced`). ``initial_rows`` (count, symbol) sets
+    the rows initial_state must have when they are not the N documents (a KCP
+    rank holds the documents that start on it). ``cu_seqlens_host``: a host
+    copy of ``cu_seqlens`` to read instead of it (FLA's ``cu_seqlens_cpu``:
+    no device sync), checked to equal it by the caller."""
     check_tensor("q", q, 4, "[B, T, H_qk, K]")
     check_tensor("k", k, 4, "[B, T, H_qk, K]")
     check_tensor("v", v, 4, "[B, T, HV, V]")
@@ -162,7 +194,10 @@ def check_gdn_inputs(
     else:
         if B != 1:
             raise ValueError(f"with cu_seqlens the batch must be 1 (packed), got B = {B}")
-        if torch.compiler.is_compiling():
+        if cu_seqlens_host is not None and values_readable(cu_seqlens_host):
+            check_bounds_tensor("cu_seqlens", cu_seqlens)  # its values are the host copy's
+            bounds = check_cu_seqlens(cu_seqlens_host, T, name="cu_seqlens_cpu")
+        elif not values_readable(cu_seqlens):
             check_cu_seqlens_traced(cu_seqlens, T)
             bounds = None
         else:

@@ -68,7 +68,7 @@ def record_workspace() -> Iterator[WorkspaceRecord]:
     Example::
 
         with record_workspace() as rec:
-            gdn_kcp(q, k, v, g, beta, ctx).sum().backward()
+            gdn_kcp(q, k, v, g, beta, ctx)[0].sum().backward()
         rec.phases("bwd")   # {"bwd.phase.prep": ..., ...}
     """
     record = WorkspaceRecord()

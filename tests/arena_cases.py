@@ -134,7 +134,7 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: i
                 where = f"R={R} rank={rank} bounds={bounds} {options}"
                 mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
                 with record_workspace() as record, record_comm_bytes() as comm:
-                    o = gdn_kcp(*mine, ctx, options=options)
+                    o, _ = gdn_kcp(*mine, ctx, options=options)
                     kept = saved_bytes(o, mine, ctx)
                     grads = torch.autograd.grad((o * do).sum(), mine)
                 queried = gdn_comm_bytes_kcp(ctx, HV, K, V, dtype=dtype, options=options)

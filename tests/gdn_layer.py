@@ -24,7 +24,7 @@ class KcpLayer(nn.Module):
         T = x.shape[1]
         q, k, v = self.qkv(x).split([self.H_qk * self.K, self.H_qk * self.K, self.HV * self.V], dim=-1)
         gate, beta = self.gates(x).chunk(2, dim=-1)
-        o = gdn_kcp(
+        o, _ = gdn_kcp(
             q.view(1, T, self.H_qk, self.K), k.view(1, T, self.H_qk, self.K), v.view(1, T, self.HV, self.V),
             nn.functional.logsigmoid(gate + 3.0), beta.sigmoid(), self.ctx if ctx is None else ctx,
             options=self.options, workspace=self.workspace,

@@ -107,7 +107,8 @@ def padded_rows(rows: torch.Tensor, n_rows: int, fill: float) -> torch.Tensor:
 
 
 def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, expected,
-                       max_docs: int | None = None, segments: int | None = None, n_sms: int | None = None) -> None:
+                       max_docs: int | None = None, segments: int | None = None, n_sms: int | None = None,
+                       modes: dict | None = None) -> None:
     """Run gdn_kcp on this rank's range; compare o and every gradient with the
     single-rank rows (with states: the final states of the documents that end
     here, the initial-state gradient of those that start here), and the
@@ -115,7 +116,8 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
     context; its padding rows of the initial states hold NaN (never read), of
     the final states and initial-state gradients zeros. ``segments``: P, cut
     to the context's range (:func:`gdn_kcp.plan.segment_range`); ``n_sms``:
-    the SM count the plan fills (default: the machine's cores)."""
+    the SM count the plan fills (default: the machine's cores). ``modes``:
+    more options (e.g. ``boundary_mode="replay"``)."""
     do, state0, dfs = given
     ctx = build_kcp_context(torch.tensor(case.bounds), rank_ranges=case.ranges and list(case.ranges),
                             max_docs=max_docs, n_sms=n_sms)
@@ -123,7 +125,7 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
     mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
     if segments is not None:
         segments = min(segments, segment_range(ctx))
-    options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2, segments=segments)
+    options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2, segments=segments, **(modes or {}))
     states = state0 is not None
     with record_comm_bytes() as log:
         if states:
@@ -138,9 +140,9 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
                 spec = queried[name]
                 assert (tensor.shape, tensor.dtype, tensor.nbytes) == (spec.shape, spec.dtype, spec.nbytes), name
         else:
-            o = gdn_kcp(*mine, ctx, options=options)
+            o, _ = gdn_kcp(*mine, ctx, options=options)
             outputs = [o, *torch.autograd.grad((o * do[:, start:end]).sum(), mine)]
-    where = f"{case.name} rank {rank} exchange={exchange} states={states} segments={segments}"
+    where = f"{case.name} rank {rank} exchange={exchange} states={states} segments={segments} {modes or ''}"
     names = ("o", "dq", "dk", "dv", "dg", "dbeta", *STATE_NAMES)
     assert len(outputs) == len(expected) == (8 if states else 6), where
     for name, ours, ref in zip(names, outputs, expected):
@@ -169,6 +171,21 @@ def run_cases(rank: int, R: int) -> None:
                                            ("a2a", True, len(case.bounds) + 1), ("ring", False, len(case.bounds))):
             inputs, given, expected = reference(case, states, max_docs)
             check_case_on_rank(case, rank, exchange, inputs, given, expected, max_docs)
+
+
+STATE_MODES = ({"boundary_mode": "replay"}, {"boundary_mode": "replay", "save_for_backward": False})
+"""The modes whose backward replays the forward's boundary: the replayed
+summary walk must start from the initial states too."""
+
+
+def run_state_modes(rank: int, R: int) -> None:
+    """Initial and final states under the replaying modes, a2a and ring, on
+    every case of R ranks (a document crossing every rank among them)."""
+    for case in CASES[R]:
+        inputs, given, expected = reference(case, True)
+        for exchange in ("a2a", "ring"):
+            for modes in STATE_MODES:
+                check_case_on_rank(case, rank, exchange, inputs, given, expected, modes=modes)
 
 
 def expect_metadata_error(rank: int, R: int) -> None:

@@ -37,8 +37,8 @@ def test_keywords_equal_the_gate_by_hand(entry, neg):
                                       dt_bias=dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
                                       allow_neg_eigval=neg)
     else:
-        o = gdn_kcp(q, k, v, a, b, build_kcp_context(BOUNDS), use_qk_l2norm=True, A_log=A_log, dt_bias=dt_bias,
-                    use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg)
+        o, _ = gdn_kcp(q, k, v, a, b, build_kcp_context(BOUNDS), use_qk_l2norm=True, A_log=A_log, dt_bias=dt_bias,
+                       use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg)
     g = -A_log.exp() * F.softplus(a + dt_bias)
     beta = b.sigmoid() * (2 if neg else 1)
     ref, _ = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)

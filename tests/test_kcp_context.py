@@ -128,7 +128,7 @@ def test_one_rank_equals_chunk_gated_delta_rule():
     bounds = torch.tensor([0, 20, 20, 90])
     ctx = build_kcp_context(bounds)
     inputs = make_inputs(90, 1, 2, 8, 8, l2=True, seed=3)
-    o = gdn_kcp(*inputs, ctx, use_qk_l2norm=True)
+    o, _ = gdn_kcp(*inputs, ctx, use_qk_l2norm=True)
     ref, _ = chunk_gated_delta_rule(*inputs, cu_seqlens=bounds, use_qk_l2norm_in_kernel=True)
     assert torch.equal(o, ref)
 

@@ -45,7 +45,8 @@ def test_byte_query_block():
     assert opts in [options_of(row[0]) for row in table_rows("call-figures")]
 
 
-RUN_BLOCKS = {"API": 1, "Byte queries": 1, "Key-context parallelism": 1, "torch.compile and CUDA graphs": 3}
+RUN_BLOCKS = {"API": 1, "Byte queries": 1, "Key-context parallelism": 1, "Training with data and context parallelism": 1,
+              "torch.compile and CUDA graphs": 3}
 """The blocks the tests here run, per section."""
 
 
@@ -131,3 +132,33 @@ def test_training_block_compiles_once():
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"], dict(counters["stats"])
     assert len(namespace["steps"]) == 3 and namespace["o"].shape == (1, 512, 4, 32)
     assert namespace["workspace"].ranks_agreed
+
+
+def _dp_cp_block_on_rank(rank: int, R: int, port: int, block: str) -> None:
+    """The data x context parallel block as torchrun would run it: its check
+    passes, its step moves the parameters, the loss is finite."""
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(R), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    namespace: dict[str, object] = {"__name__": "readme_block"}
+    try:
+        exec(compile(block, "README.md ## Training with data and context parallelism", "exec"), namespace)
+        assert torch.isfinite(namespace["loss"]).all()
+        assert namespace["ctx"].R == 2 and namespace["n_targets"] == 2 * (1024 - 3)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dp_cp_block_on_four_ranks():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    (block,) = python_blocks("Training with data and context parallelism")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.start_processes(_dp_cp_block_on_rank, args=(4, port, block), nprocs=4, join=True, start_method="forkserver")

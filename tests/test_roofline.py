@@ -151,7 +151,7 @@ def test_program_sequence_is_the_host_paths(monkeypatch):
     v = torch.randn(1, T, 2, 16, generator=gen).requires_grad_()
     g = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, generator=gen)).requires_grad_()
     beta = torch.rand(1, T, 2, generator=gen).requires_grad_()
-    o = gdn_kcp(q, k, v, g, beta, build_kcp_context([0, T]), use_qk_l2norm=True)
+    o, _ = gdn_kcp(q, k, v, g, beta, build_kcp_context([0, T]), use_qk_l2norm_in_kernel=True)
     forward = len(calls)
     o.sum().backward()
     assert [name for name, _ in calls[:forward]] == list(roofline.OUR_PROGRAMS["fwd"])

@@ -19,7 +19,7 @@ def record_comm_bytes() -> Iterator[dict[str, dict[str, int]]]:
     Example::
 
         with record_comm_bytes() as log:
-            gdn_kcp(q, k, v, g, beta, ctx).sum().backward()
+            gdn_kcp(q, k, v, g, beta, ctx)[0].sum().backward()
         assert log == {name: ... for name in log}
     """
     log: dict[str, dict[str, int]] = {}

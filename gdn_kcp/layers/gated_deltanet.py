@@ -181,7 +181,7 @@ class GatedDeltaNet(nn.Module):
         if kcp_context is None:
             o, _ = chunk_gated_delta_rule(*heads, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gates)
         else:
-            o = gdn_kcp(*heads, kcp_context, options=self.kcp_options(kcp_options), workspace=workspace, **gates)
+            o, _ = gdn_kcp(*heads, kcp_context, options=self.kcp_options(kcp_options), workspace=workspace, **gates)
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
