@@ -62,6 +62,19 @@ def test_bf16_whole_op_against_the_fp64_oracle(backend):
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_states_and_their_gradients_are_held_in_fp32(backend):
+    """At bf16 inputs the final state and the initial-state gradient are
+    running fp32 states: fp32 tensors whose values are not bf16 values. A
+    state held in bf16 on the way (and cast back) has every value on the bf16
+    grid; an fp32 value lands there by chance once in 2^16."""
+    ours = run(backend, torch.bfloat16)
+    for name in ("final_state", "d_initial_state"):
+        x = ours[name]
+        on_bf16_grid = float((x == x.to(torch.bfloat16).float()).double().mean())
+        assert x.dtype == torch.float32 and on_bf16_grid < 0.01, (name, x.dtype, on_bf16_grid)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_fp16_zero_rows_under_the_norm_stay_finite(backend):
     """A zero q or k row has a reciprocal norm of 1,000 (eps 1e-6). The walks
     keep the norm on the q / k side of their products and put only decays (at

@@ -1,6 +1,7 @@
 """Each Triton program under TRITON_INTERPRET=1 against its torch twin: odd T,
 several documents (zero-length and one-token ones among them), GVA, the L2 norm, crossing
-fragments with S_in / lambda_end, K = V in {32, 64}, V = 128 (two value tiles); fp32 and bf16 inputs.
+fragments with S_in / lambda_end, K = V in {32, 64}, V = 128 (two value tiles), K and V off the
+tile grid (24 / 40, 8 / 100); fp32 and bf16 inputs.
 Intra-rank segments: the four segment programs and the walks over a segmented
 index with carry planes, and a whole call at P = 3."""
 
@@ -31,6 +32,12 @@ CASES = {
                                  seed=5, l2=True, crossing=True, capped=True),
     "fp32-capped-local": dict(bounds=(0, 5, 5, 97, 131), H_qk=1, HV=2, K=32, V=32, dtype=torch.float32,
                               seed=6, l2=False, crossing=False, capped=True),
+    # head dims off the tile grid: K, V not multiples of (or smaller than) their tiles, so every
+    # row and column mask cuts a tile
+    "fp32-K24-V40": dict(bounds=(0, 70, 70, 71, 150), H_qk=1, HV=2, K=24, V=40, dtype=torch.float32, seed=8,
+                         l2=True, crossing=True),
+    "bf16-K8-V100": dict(bounds=(0, 65, 65, 129), H_qk=1, HV=2, K=8, V=100, dtype=torch.bfloat16, seed=9,
+                         l2=True, crossing=True),
 }
 # fp32 inputs: both backends compute in fp32 in a different order; bf16 inputs
 # also round the outputs and gradients to bf16 (2^-8 relative).
@@ -59,7 +66,7 @@ def test_forward_and_backward_through_the_ops_with_triton_programs(segments):
     for backend in ("torch", "triton"):
         leaves = [x.clone().requires_grad_() for x in inputs]
         with use_programs("cpu", backend):
-            o = gdn_kcp(*leaves, ctx, options=OptionsKcp(segments=segments, use_qk_l2norm=True))
+            o, _ = gdn_kcp(*leaves, ctx, options=OptionsKcp(segments=segments, use_qk_l2norm=True))
             grads = torch.autograd.grad((o * do).sum(), leaves)
         results.append([o.detach(), *grads])
     for ours, twin in zip(*results):
