@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate compile-check compile-report roofline gpu-check clean
+.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report roofline gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ gpu-check:
 # Not CI: every term of the byte queries mutated in turn must fail a test (tens of minutes).
 mutate: $(VENV)/.test
 	$(PY) tools/mutate_queries.py
+
+# Not CI: a fixed-seed sample of operator-level mutants of the programs, host path, exchanges and
+# layers, each run against the tests of its file (about an hour on 2 cores).
+mutate-numeric: $(VENV)/.test
+	$(PY) tools/mutate_numeric.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
