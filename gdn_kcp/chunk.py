@@ -102,13 +102,13 @@ def chunk_gated_delta_rule(
     check_cp_context(cp_context)
     gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
-    if state_v_first:
-        initial_state = states_v_first(initial_state)
     host_bounds = check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens)
     dims, bounds = check_gdn_inputs(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        cu_seqlens_host=host_bounds,
+        cu_seqlens_host=host_bounds, state_v_first=state_v_first,
     )
+    if state_v_first:
+        initial_state = states_v_first(initial_state)
     check_chunk_indices(chunk_indices, cu_seqlens)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
@@ -130,5 +130,5 @@ def chunk_gated_delta_rule(
     if not output_final_state:
         final_state = None
     elif state_v_first:
-        final_state = states_v_first(final_state)
+        final_state = states_v_first(final_state).contiguous()  # FLA's layout, as FLA returns it
     return o.view(dims.B, dims.T, dims.HV, dims.V), final_state

@@ -7,17 +7,16 @@ size every exchange without asking the others.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
+from gdn_kcp.groups import digest, group_device, resolve_group
 from gdn_kcp.kernels import CROSSING_IN, CROSSING_OUT, ChunkIndex
 from gdn_kcp.kernels.chunk_index import CHUNK_SIZE, capped_index
 from gdn_kcp.kernels.segments import MAX_SEGMENTS, capped_summary_rows, summary_row_counts
-from gdn_kcp.parallel import group_device, resolve_group
 from gdn_kcp.validate import (
     check_bounds,
     check_bounds_tensor,
@@ -85,9 +84,9 @@ class KcpContext:
     (:mod:`gdn_kcp.kernels.segments`): counted from the fragments of an exact
     context, the caps' bound on a capped one."""
     doc_rows: tuple[tuple[int, ...], tuple[int, ...]] | None = field(default=None, compare=False)
-    """``(start_docs, end_docs)`` as host facts when the packing was known on
-    the host at build time (None for a capped context built from a tensor
-    whose values stay on the device, or are fake): not caps."""
+    """``(start_docs, end_docs)`` as host facts when the packing was read on
+    the host at build time (None for a capped context built without that
+    read: from a fake or traced tensor): not caps."""
     packing_digest: int = field(default=0, compare=False)
     """A digest of the packing a capped context was built from on the host (0
     when unknown): not a cap (``meta`` leaves it out), read by the
@@ -130,12 +129,12 @@ class KcpContext:
         rank; ``max_docs`` on a capped context (rows past ``len(end_docs)`` are zero)."""
         return self.index.n_frag if self.capped else self.index.n_frag - self.n_out
 
-    def _doc_rows(self, which: int) -> list[int]:
+    def _doc_list(self, which: int) -> list[int]:
         if self.doc_rows is None:
             raise ValueError(
-                "this capped context was built from a cu_seqlens whose values were not read on the host (a device, "
-                "traced or fake tensor), so which documents start and end on this rank is data on the device: "
-                "build the context from host bounds (a list or a CPU tensor) to know them"
+                "this capped context was built without reading its bounds on the host (from a fake or traced "
+                "cu_seqlens_global), so which documents start and end on this rank is data on the device: "
+                "build the context from readable bounds (a list or a real tensor) to know them"
             )
         return list(self.doc_rows[which])
 
@@ -144,13 +143,13 @@ class KcpContext:
         """Global ids of the documents that start on this rank, in order: the
         leading rows of the initial state (host facts of the build; no read
         of a table)."""
-        return self._doc_rows(0)
+        return self._doc_list(0)
 
     @property
     def end_docs(self) -> list[int]:
         """Global ids of the documents that end on this rank, in order: the
         leading rows of the final state."""
-        return self._doc_rows(1)
+        return self._doc_list(1)
 
     @property
     def exchanges(self) -> bool:
@@ -237,16 +236,11 @@ def rank_fragments(bounds: list[int], start: int, end: int, last_rank: bool) -> 
     return frags
 
 
-def _digest(values: object) -> int:
-    raw = hashlib.sha256(repr(values).encode()).digest()
-    return int.from_bytes(raw[:7], "little")
-
-
 def check_same_everywhere(facts: dict[str, object], group: object, R: int, what: str) -> None:
     """One all_gather of one digest per fact; every rank raises a ``ValueError``
     naming the facts, and the ranks whose values differ from rank 0's."""
     device = group_device(group)
-    mine = torch.tensor([_digest(value) for value in facts.values()], dtype=torch.int64, device=device)
+    mine = torch.tensor([digest(value) for value in facts.values()], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(R)]
     dist.all_gather(gathered, mine, group=group)
     every = torch.stack(gathered).cpu()
@@ -275,7 +269,7 @@ def build_kcp_context(
     or a list of ints; the same on every rank) across the ranks of ``group``:
     None (the default group), a ``ProcessGroup``, a 1-D ``DeviceMesh`` (e.g.
     ``mesh["cp"]``) or a ``(mesh, "cp")`` pair naming the context-parallel
-    dimension of a larger mesh (:func:`gdn_kcp.parallel.resolve_group`).
+    dimension of a larger mesh (:func:`gdn_kcp.groups.resolve_group`).
 
     A list needs no read of tensor data, so it also works under FakeTensorMode
     (the index tables are then fake tensors). A tensor whose values the host
@@ -426,7 +420,7 @@ def context_from_split(
         ctx = capped_context(torch.tensor(padded, dtype=torch.int64), ranges, rank, group=group,
                              group_name=group_name, device=device, n_sms=n_sms)
         mine = rank_fragments(padded, *ranges[rank], rank == R - 1)
-        return replace(ctx, packing_digest=_digest(bounds), doc_rows=_doc_rows(mine))
+        return replace(ctx, packing_digest=digest(bounds), doc_rows=_doc_rows(mine))
     every_rank = [rank_fragments(bounds, start, end, r == R - 1) for r, (start, end) in enumerate(ranges)]
     rank_n_in = tuple(int(any(f[3] & CROSSING_IN for f in frags)) for frags in every_rank)
     rank_n_out = tuple(int(any(f[3] & CROSSING_OUT for f in frags)) for frags in every_rank)

@@ -24,8 +24,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from gdn_kcp.context import build_kcp_context
-from gdn_kcp.parallel import check_cp_gradients
 from gdn_kcp.layers import GatedDeltaNet
+from gdn_kcp.parallel import check_cp_gradients
 
 HIDDEN, LAYERS, VOCAB = 64, 2, 256
 MIN_PIECE, MAX_PIECE = 48, 768

@@ -14,7 +14,8 @@ import warnings
 import torch
 
 from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
-from gdn_kcp.validate import INDEX_DTYPES, check_flag, check_tensor, values_readable
+from gdn_kcp.validate import INDEX_DTYPES, check_bounds_tensor, check_flag, check_tensor, values_readable
+
 
 def fla_keywords(state_v_first: object, kwargs: dict) -> bool:
     """Check FLA's extra keywords of ``**kwargs`` and return ``state_v_first``:
@@ -37,7 +38,7 @@ def fla_keywords(state_v_first: object, kwargs: dict) -> bool:
         check_flag("transpose_state_layout", state_v_first)
     if "chunk_size" in kwargs:
         chunk_size = kwargs.pop("chunk_size")
-        if isinstance(chunk_size, bool) or chunk_size != CHUNK_SIZE:
+        if type(chunk_size) is not int or chunk_size != CHUNK_SIZE:
             raise ValueError(f"chunk_size = {chunk_size!r} is not supported: the kernels cut chunks of "
                              f"chunk_size={CHUNK_SIZE} tokens only")
     unknown = sorted(kwargs)
@@ -58,10 +59,13 @@ def _check_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, what: 
     if actual.shape != expected.shape:
         raise ValueError(f"{name} has shape {tuple(actual.shape)}, {what} has {tuple(expected.shape)}")
     if actual.device.type == "cpu" and values_readable(actual) and values_readable(expected):
-        if not torch.equal(actual.to(expected.device, expected.dtype), expected):
-            raise ValueError(f"{name} = {actual.tolist()[:8]} disagrees with {what} = {expected.tolist()[:8]}")
+        equal = actual.to(expected.device, expected.dtype) == expected
+        if not bool(equal.all()):
+            first = int((~equal).reshape(equal.shape[0], -1).any(1).nonzero()[0])
+            raise ValueError(f"{name} disagrees with {what} from row {first} on: {name}[{first}] = "
+                             f"{actual[first].tolist()}, expected {expected[first].tolist()}")
         return
-    same = (actual.to(expected.device, expected.dtype) == expected).all()
+    same = (actual.to(expected.device, expected.dtype, non_blocking=True) == expected).all()
     torch._assert_async(same, f"{name} disagrees with {what}")
 
 
@@ -72,12 +76,12 @@ def check_cu_seqlens_cpu(cu_seqlens_cpu: object, cu_seqlens: torch.Tensor | None
         return None
     if cu_seqlens is None:
         raise ValueError("cu_seqlens_cpu was given without cu_seqlens: pass both (the same bounds)")
-    check_tensor("cu_seqlens_cpu", cu_seqlens_cpu, 1, "[N + 1]")
-    if cu_seqlens_cpu.dtype not in INDEX_DTYPES:
-        raise TypeError(f"cu_seqlens_cpu must be int32 or int64, got {cu_seqlens_cpu.dtype}")
+    check_bounds_tensor("cu_seqlens", cu_seqlens)
+    check_bounds_tensor("cu_seqlens_cpu", cu_seqlens_cpu)
     if cu_seqlens_cpu.device.type != "cpu":
         raise ValueError(f"cu_seqlens_cpu must be on the CPU, got {cu_seqlens_cpu.device}")
-    _check_equal("cu_seqlens_cpu", cu_seqlens_cpu.to(cu_seqlens.device), cu_seqlens, "cu_seqlens")
+    # no blocking host-to-device copy: on a GPU it would wait for the stream, the sync this copy exists to avoid
+    _check_equal("cu_seqlens_cpu", cu_seqlens_cpu.to(cu_seqlens.device, non_blocking=True), cu_seqlens, "cu_seqlens")
     return cu_seqlens_cpu
 
 
@@ -104,9 +108,10 @@ def check_chunk_indices(chunk_indices: object, cu_seqlens: torch.Tensor | None) 
     if cu_seqlens is None:
         raise ValueError("chunk_indices was given without cu_seqlens: they index the chunks of its documents")
     check_tensor("chunk_indices", chunk_indices, 2, "[NT, 2]")
-    if chunk_indices.dtype not in INDEX_DTYPES or chunk_indices.shape[1] != 2:
-        raise ValueError(f"chunk_indices must be an int32/int64 [NT, 2] tensor, got {chunk_indices.dtype} "
-                         f"{tuple(chunk_indices.shape)}")
+    if chunk_indices.dtype not in INDEX_DTYPES:
+        raise TypeError(f"chunk_indices must be int32 or int64, got {chunk_indices.dtype}")
+    if chunk_indices.shape[1] != 2:
+        raise ValueError(f"chunk_indices must be [NT, 2], got shape {tuple(chunk_indices.shape)}")
     rows = chunk_indices.shape[0]
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     enough = (lens + CHUNK_SIZE - 1).div(CHUNK_SIZE, rounding_mode="floor").sum() <= rows

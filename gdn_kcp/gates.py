@@ -54,8 +54,8 @@ class InKernelGate:
         return self.beta_sigmoid, self.beta_scale
 
 
-def gate_keywords(g, beta, *, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                  allow_neg_eigval) -> InKernelGate | None:
+def gate_keywords(g, beta, *, A_log=None, dt_bias=None, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                  allow_neg_eigval=False) -> InKernelGate | None:
     """The checked keywords as an :class:`InKernelGate` (None when none is set).
     ``g`` and ``beta`` are ``[..., HV]`` tensors (their own checks come later)."""
     for name, flag in (("use_gate_in_kernel", use_gate_in_kernel),

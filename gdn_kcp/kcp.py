@@ -2,52 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
+from gdn_kcp.call_checks import check_kcp_inputs
 from gdn_kcp.context import KcpContext
-from gdn_kcp.gates import gate_keywords
-from gdn_kcp.ops import apply_gdn, check_workspace
+from gdn_kcp.ops import apply_gdn
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.rank_check import check_ranks_agree
-from gdn_kcp.validate import GdnDims, check_flag, check_gdn_inputs, qk_norm_flag
 from gdn_kcp.workspace import WorkspaceKcp
-
-
-def resolve_options(options: OptionsKcp | None, use_qk_l2norm: bool | None) -> OptionsKcp:
-    if options is not None and not isinstance(options, OptionsKcp):
-        raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
-    if use_qk_l2norm is None:
-        return options or OptionsKcp()
-    if not isinstance(use_qk_l2norm, bool):
-        raise TypeError(f"use_qk_l2norm must be a bool or None, got {type(use_qk_l2norm).__name__}")
-    if options is not None and use_qk_l2norm != options.use_qk_l2norm:
-        raise ValueError(
-            f"use_qk_l2norm={use_qk_l2norm} disagrees with options.use_qk_l2norm={options.use_qk_l2norm}"
-        )
-    return replace(options or OptionsKcp(), use_qk_l2norm=use_qk_l2norm)
-
-
-def check_kcp_inputs(q, k, v, g, beta, ctx, *, scale, initial_state, output_final_state, use_qk_l2norm,
-                     options, workspace) -> tuple[OptionsKcp, GdnDims]:
-    """Every check of a :func:`gdn_kcp` call's arguments (also run collectively
-    by the ``GDN_KCP_CHECK_RANKS`` switch); returns the resolved options and sizes."""
-    if not isinstance(ctx, KcpContext):
-        raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
-    options = resolve_options(options, use_qk_l2norm)
-    check_flag("output_final_state", output_final_state)
-    dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=None,
-                               initial_rows=(ctx.n_start_docs, "ctx.n_start_docs"))
-    if dims.B != 1:
-        raise ValueError(f"gdn_kcp takes one packed row per rank (B = 1), got B = {dims.B}")
-    if dims.T != ctx.n_tokens:
-        raise ValueError(
-            f"q holds T = {dims.T} tokens but rank {ctx.rank} of the context holds "
-            f"{ctx.n_tokens} (rank_ranges[{ctx.rank}] = {ctx.rank_ranges[ctx.rank]})"
-        )
-    check_workspace(workspace, ctx, dims.H_qk, dims.HV, dims.K, dims.V, q.dtype, options)
-    return options, dims
 
 
 def gdn_kcp(
@@ -75,19 +37,18 @@ def gdn_kcp(
 
     Every rank passes its own token range ``ctx.rank_ranges[ctx.rank]``:
     q, k ``[1, T_r, H_qk, K]``, v ``[1, T_r, HV, V]``, g, beta ``[1, T_r, HV]``
-    (FLA layouts). Returns o ``[1, T_r, HV, V]``, equal to the rows of the
-    single-rank :func:`chunk_gated_delta_rule` of the whole stream; gradients
-    likewise. States are the rank's own: ``initial_state``
-    ``[ctx.n_start_docs, HV, K, V]`` holds the initial states of the documents
-    that start on this rank (global ids ``ctx.start_docs``; a document that
-    crosses in starts from the state the exchange brings), and with
-    ``output_final_state=True`` the call returns ``(o, final_state)``,
-    final_state ``[ctx.n_end_docs, HV, K, V]`` (fp32; fp64 for fp64 inputs) for
-    the documents that end on this rank (``ctx.end_docs``). Over the ranks,
-    these rows are the one-rank call's, each exactly once. It returns
-    ``(o, final_state)`` as :func:`chunk_gated_delta_rule` does, final_state
-    None unless ``output_final_state``. Every rank of the group must call it
-    (and its backward) together.
+    (FLA layouts). Returns ``(o, final_state)`` as
+    :func:`chunk_gated_delta_rule` does: o ``[1, T_r, HV, V]``, equal to the
+    rows of the single-rank call on the whole stream (gradients likewise), and
+    final_state None unless ``output_final_state=True``. States are the
+    rank's own: ``initial_state`` ``[ctx.n_start_docs, HV, K, V]`` holds the
+    initial states of the documents that start on this rank (global ids
+    ``ctx.start_docs``; a document that crosses in starts from the state the
+    exchange brings), and final_state ``[ctx.n_end_docs, HV, K, V]`` (fp32;
+    fp64 for fp64 inputs) those of the documents that end on this rank
+    (``ctx.end_docs``). Over the ranks, these rows are the one-rank call's,
+    each exactly once. Every rank of the group must call it (and its
+    backward) together.
     ``use_qk_l2norm_in_kernel`` (FLA's name; ``use_qk_l2norm`` is the same
     switch under its older name) is a shortcut for
     ``options.use_qk_l2norm``. ``workspace``
@@ -108,18 +69,17 @@ def gdn_kcp(
         o, _ = gdn_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
                        g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm_in_kernel=True)
     """
-    use_qk_l2norm = qk_norm_flag(use_qk_l2norm_in_kernel, use_qk_l2norm)
-    gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+    gate_kwargs = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                       use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+    arguments = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_qk_l2norm=use_qk_l2norm, options=options,
+                     workspace=workspace, gate_kwargs=gate_kwargs)
     first_workspace_call = isinstance(workspace, WorkspaceKcp) and not workspace.ranks_agreed
-    check_ranks_agree(ctx, q, k, v, g, beta, scale=scale, options=options, use_qk_l2norm=use_qk_l2norm,
-                      workspace=workspace, initial_state=initial_state, output_final_state=output_final_state,
-                      first_workspace_call=first_workspace_call)
-    if first_workspace_call and not torch.compiler.is_compiling():
+    # before any local check can raise: a rank that raised alone would leave the others in a collective
+    agreed = check_ranks_agree(ctx, q, k, v, g, beta, **arguments, first_workspace_call=first_workspace_call)
+    if first_workspace_call and agreed:
         workspace.ranks_agreed = True
-    options, dims = check_kcp_inputs(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
-                                     output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-                                     options=options, workspace=workspace)
+    options, dims, gate = check_kcp_inputs(q, k, v, g, beta, ctx, **arguments)
     T = dims.T
     o, final_state = apply_gdn(
         q.reshape(T, dims.H_qk, dims.K),

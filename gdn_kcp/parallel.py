@@ -1,5 +1,5 @@
-"""Training stacks: which process group a KCP split runs on, and the one check
-that data x context parallel training sums its gradients over the context ranks.
+"""Training stacks: the one check that data x context parallel training sums
+its gradients over the context ranks.
 
 A KCP rank computes only its own tokens' share of every parameter gradient, so
 the step's gradient is the sum over the context-parallel (cp) ranks as well as
@@ -12,63 +12,16 @@ after a backward, turns that silence into an error.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
-GROUP_FORMS = "None, a ProcessGroup, a 1-D DeviceMesh or a (DeviceMesh, dim_name) pair"
+from gdn_kcp.groups import digest, group_device, resolve_group
 
-
-def _is_mesh(x: object) -> bool:
-    if not dist.is_available():
-        return False
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return isinstance(x, DeviceMesh)
-
-
-def resolve_group(group: object, name: str = "group") -> object:
-    """The process group of ``group``: None (the default group), a
-    ``ProcessGroup``, a 1-D ``DeviceMesh`` or a ``(mesh, "cp")`` pair naming
-    the context-parallel dimension of a larger mesh. Anything else is a
-    ``TypeError`` naming what it takes."""
-    if group is None or (dist.is_available() and isinstance(group, dist.ProcessGroup)):
-        return group
-    if _is_mesh(group):
-        if group.ndim != 1:
-            raise ValueError(
-                f"{name} is a {group.ndim}-D DeviceMesh {tuple(group.mesh_dim_names or ())}: pass "
-                f"(mesh, dim_name) naming its context-parallel dimension, e.g. (mesh, 'cp'), or mesh['cp']"
-            )
-        return group.get_group()
-    if isinstance(group, tuple) and len(group) == 2 and _is_mesh(group[0]) and isinstance(group[1], str):
-        mesh, dim = group
-        names = tuple(mesh.mesh_dim_names or ())
-        if dim not in names:
-            raise ValueError(f"{name} = (mesh, {dim!r}): the mesh has no dimension {dim!r}; its dimensions are {names}")
-        return mesh.get_group(dim)
-    raise TypeError(f"{name} must be {GROUP_FORMS}, got {type(group).__name__} {group!r}")
-
-
-REDUCED, NO_GRADIENT = -1, -2
-"""Placement codes of a parameter not compared: its gradient is a DTensor
-reduced over every rank of the group by its own collective, or there is none."""
-
-
-def _digest(value: object) -> int:
-    """48 bits of sha256 of ``repr(value)``: exact in an fp64 or int64 column."""
-    return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:6], "little")
-
-
-def group_device(group: object) -> torch.device:
-    """CUDA when the group can move CUDA tensors (an NCCL backend, alone or in a
-    "cpu:gloo,cuda:nccl" pair), else the CPU."""
-    backend = str(dist.get_backend(group))
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+REDUCED, NO_GRADIENT, UNREDUCED = -1, -2, -3
+"""Placement codes of a parameter: its gradient is a DTensor that its own
+collective reduced over every rank of the group (not compared), it has no
+gradient, or it is a DTensor with a ``Partial`` placement (never reduced)."""
 
 
 def _fingerprint(grad: torch.Tensor) -> torch.Tensor:
@@ -80,16 +33,20 @@ def _fingerprint(grad: torch.Tensor) -> torch.Tensor:
 
 def _placement(grad: torch.Tensor | None, members: set[int]) -> int:
     """Which piece of the parameter this rank's gradient is, as a digest of
-    its mesh coordinate and local shape; ``REDUCED`` for a DTensor whose mesh
-    holds every rank of the group, ``NO_GRADIENT`` for none."""
+    its mesh coordinate and local shape, or one of the codes above. A DTensor
+    sharded or replicated over a mesh that holds every rank of the group was
+    reduced over them (FSDP2's reduce-scatter); one with a ``Partial``
+    placement holds an unreduced share."""
     if grad is None:
         return NO_GRADIENT
     mesh = getattr(grad, "device_mesh", None)
     if mesh is None:
-        return _digest(("whole", tuple(grad.shape)))
+        return digest(("whole", tuple(grad.shape)))
+    if any(placement.is_partial() for placement in grad.placements):
+        return UNREDUCED
     if members <= set(mesh.mesh.flatten().tolist()):
         return REDUCED
-    return _digest((tuple(mesh.get_coordinate() or ()), tuple(grad.to_local().shape)))
+    return digest((tuple(mesh.get_coordinate() or ()), tuple(grad.to_local().shape)))
 
 
 def check_cp_gradients(module: nn.Module, group: object, *, rtol: float = 1e-5) -> None:
@@ -101,9 +58,10 @@ def check_cp_gradients(module: nn.Module, group: object, *, rtol: float = 1e-5) 
     together (two all-gathers of a few numbers per parameter, one host sync).
     ``group`` takes the forms of :func:`gdn_kcp.build_kcp_context` (None for
     the default group, a ProcessGroup, a 1-D DeviceMesh such as
-    ``mesh["cp"]``, or ``(mesh, "cp")``). A gradient that is a DTensor whose
-    mesh holds every rank of ``group`` (FSDP2 over the flattened dp x cp mesh)
-    was reduced over them by its own collective and is not compared; any
+    ``mesh["cp"]``, or ``(mesh, "cp")``). A gradient that is a DTensor sharded
+    or replicated over a mesh holding every rank of ``group`` (FSDP2 over the
+    flattened dp x cp mesh) was reduced over them by its own collective and is
+    not compared; a DTensor with a ``Partial`` placement is an error; any
     other gradient must agree, piece by piece, on every rank of ``group``, to
     ``rtol`` of its magnitude (sum, absolute sum and sum of squares, in fp64).
 
@@ -123,16 +81,19 @@ def check_cp_gradients(module: nn.Module, group: object, *, rtol: float = 1e-5) 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return
     members = set(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size()))
+    device = group_device(group)
     names, codes, prints = [], [], []
     for name, param in module.named_parameters():
         grad = param.grad
         code = _placement(grad, members)
         names.append(name)
-        codes.append([_digest(name), code])
+        codes.append([digest(name), code])
         local = grad.to_local() if hasattr(grad, "to_local") else grad
-        prints.append(_fingerprint(local).cpu() if code >= 0 else torch.zeros(3, dtype=torch.float64))
-    table = torch.cat([torch.tensor(codes, dtype=torch.float64).view(-1, 2),
-                       torch.stack(prints) if prints else torch.zeros(0, 3, dtype=torch.float64)], dim=1)
+        prints.append(_fingerprint(local).to(device) if code >= 0 else torch.zeros(3, dtype=torch.float64,
+                                                                                 device=device))
+    table = torch.cat([torch.tensor(codes, dtype=torch.float64, device=device).view(-1, 2),
+                       torch.stack(prints) if prints else torch.zeros(0, 3, dtype=torch.float64, device=device)],
+                      dim=1)
     rows = _gather_rows(table, group)
     differ = _differing(names, rows, rtol)
     if differ:
@@ -148,20 +109,21 @@ def check_cp_gradients(module: nn.Module, group: object, *, rtol: float = 1e-5) 
 
 
 def _gather_rows(table: torch.Tensor, group: object) -> list[list[list[float]]]:
-    """Every rank's ``[n_params, 5]`` table (name digest, placement, print),
-    on the group's device; a rank with other parameters than rank 0 is an error."""
-    device = group_device(group)
+    """Every rank's ``[n_params, 5]`` table (name digest, placement, print);
+    a rank whose module holds other parameters than rank 0's is an error."""
     R = dist.get_world_size(group)
-    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(R)]
-    dist.all_gather(counts, torch.tensor([table.shape[0]], dtype=torch.int64, device=device), group=group)
-    sizes = [int(c) for c in counts]
+    counts = [torch.zeros(1, dtype=torch.int64, device=table.device) for _ in range(R)]
+    dist.all_gather(counts, torch.tensor([table.shape[0]], dtype=torch.int64, device=table.device), group=group)
+    sizes = torch.cat(counts).tolist()
     if len(set(sizes)) > 1:
-        raise ValueError(f"check_cp_gradients: the ranks' modules hold different numbers of parameters {sizes}")
-    gathered = [torch.zeros_like(table, device=device) for _ in range(R)]
-    dist.all_gather(gathered, table.to(device), group=group)
-    rows = [t.cpu().tolist() for t in gathered]
+        raise ValueError(f"check_cp_gradients: the ranks' modules hold different numbers of parameters {sizes}: "
+                         f"pass the same model on every rank")
+    gathered = [torch.zeros_like(table) for _ in range(R)]
+    dist.all_gather(gathered, table, group=group)
+    rows = torch.stack(gathered).tolist()  # a once-per-run check: this is its host sync
     if any([row[0] for row in rank] != [row[0] for row in rows[0]] for rank in rows):
-        raise ValueError("check_cp_gradients: the ranks' modules name different parameters: pass the same model")
+        raise ValueError("check_cp_gradients: the ranks' modules name different parameters: pass the same model on "
+                         "every rank")
     return rows
 
 
@@ -172,6 +134,9 @@ def _differing(names: list[str], rows: list, rtol: float) -> list[tuple[str, str
     for i, name in enumerate(names):
         entries = [(int(rank[i][1]), rank[i][2:]) for rank in rows]
         codes = {code for code, _ in entries}
+        if UNREDUCED in codes:
+            differ.append((name, "a DTensor gradient with a Partial placement: never reduced"))
+            continue
         if NO_GRADIENT in codes and len(codes) > 1:
             differ.append((name, "a gradient on some ranks, none on others"))
             continue

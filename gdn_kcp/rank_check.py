@@ -17,7 +17,6 @@ traces (and under FakeTensorMode). Switched off, it runs no collective.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import struct
@@ -25,9 +24,11 @@ import struct
 import torch
 import torch.distributed as dist
 
+from gdn_kcp.call_checks import check_kcp_inputs, resolve_options
 from gdn_kcp.context import KcpContext
-from gdn_kcp.parallel import group_device
+from gdn_kcp.groups import digest, group_device
 from gdn_kcp.options import BOUNDARY_MODES, EXCHANGES, GRAPH_MODES, OPTION_NAMES, SAVE_MODES
+from gdn_kcp.validate import qk_norm_flag
 
 ENV_VAR = "GDN_KCP_CHECK_RANKS"
 ON_VALUES = ("1", "true", "yes", "on")
@@ -39,11 +40,6 @@ _ABSENT = -1  # an int fact of an input that is not a tensor of enough dims
 def check_ranks_enabled() -> bool:
     """True when ``GDN_KCP_CHECK_RANKS`` is one of ``1, true, yes, on``."""
     return os.environ.get(ENV_VAR, "").strip().lower() in ON_VALUES
-
-
-def _digest(text: str) -> int:
-    """48 bits of sha256: a non-negative int64 that equal texts share."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "little")
 
 
 def _dim(x: object, i: int) -> int:
@@ -62,26 +58,22 @@ def _context_digest(ctx: KcpContext) -> int:
     """The group-wide part of the context (every rank's view of it is the same)."""
     shared = (ctx.group_name, ctx.R, ctx.n_docs, ctx.rank_ranges, ctx.rank_n_in, ctx.rank_n_out,
               ctx.rank_middle, ctx.rank_prev, ctx.rank_next, ctx.chains, ctx.packing_digest)
-    return _digest(repr(shared))
+    return digest(shared)
 
 
-def _local_checks(ctx, q, k, v, g, beta, scale, options, use_qk_l2norm, workspace, initial_state,
-                  output_final_state):
+def _local_checks(ctx, q, k, v, g, beta, arguments: dict):
     """``(resolved options or None, the error gdn_kcp's own checks raise or None)``."""
-    from gdn_kcp.kcp import check_kcp_inputs, resolve_options  # kcp imports this module
-
     resolved = None
     try:
-        resolved = resolve_options(options, use_qk_l2norm)
-        check_kcp_inputs(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
-                         output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm, options=options,
-                         workspace=workspace)
+        flag, name = qk_norm_flag(arguments["use_qk_l2norm_in_kernel"], arguments["use_qk_l2norm"])
+        resolved = resolve_options(arguments["options"], flag, name)
+        check_kcp_inputs(q, k, v, g, beta, ctx, **arguments)
     except (TypeError, ValueError) as err:
         return resolved, err
     return resolved, None
 
 
-def _facts(ctx, q, k, v, g, beta, scale, resolved, initial_state, output_final_state):
+def _facts(ctx, q, k, v, g, beta, scale, resolved, initial_state, output_final_state, gate_kwargs):
     """``(name, kind, code)`` of every fact that must be equal on every rank."""
     K = _dim(q, 3)
     try:
@@ -103,6 +95,8 @@ def _facts(ctx, q, k, v, g, beta, scale, resolved, initial_state, output_final_s
         ("initial_state", _INT, int(initial_state is not None)),
         ("output_final_state", _INT, int(bool(output_final_state))),
     ]
+    for name in ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval"):
+        facts.append((name, _INT, int(bool(gate_kwargs.get(name, False)))))
     for name in OPTION_NAMES:
         facts.append((name, _WORD, "invalid" if resolved is None else str(getattr(resolved, name))))
     return facts
@@ -134,12 +128,14 @@ def check_ranks_agree(
     *,
     scale: object = None,
     options: object = None,
+    use_qk_l2norm_in_kernel: object = None,
     use_qk_l2norm: object = None,
     workspace: object = None,
     initial_state: object = None,
     output_final_state: object = False,
+    gate_kwargs: dict | None = None,
     first_workspace_call: bool = False,
-) -> None:
+) -> bool:
     """With ``GDN_KCP_CHECK_RANKS=1`` (or ``first_workspace_call``: the first
     eager call through a held :class:`~gdn_kcp.WorkspaceKcp`), check that every rank of ``ctx.group``
     calls :func:`gdn_kcp.gdn_kcp` with the same context, B, H_qk, K, HV, V,
@@ -150,7 +146,9 @@ def check_ranks_agree(
     still joins the one all-gather of ``[n_facts]`` int64. Every rank raises
     the same ``ValueError`` naming the fields and ranks that differ. A no-op
     when the switch is off, while torch.compile traces, under FakeTensorMode,
-    on one rank, or when ``ctx`` is not a :class:`KcpContext`.
+    on one rank, or when ``ctx`` is not a :class:`KcpContext`. Returns True
+    when the ranks were checked and agree, or there is nothing to check (one
+    rank); False when the check was skipped (off, traced or fake).
 
     Example (every rank raises, rank 1 passed 500 of its 512 tokens)::
 
@@ -159,21 +157,24 @@ def check_ranks_agree(
         with the context (rank 1: T = 500, rank_ranges[1] = (512, 1024) holds 512)
     """
     if torch.compiler.is_compiling() or not (check_ranks_enabled() or first_workspace_call):
-        return
+        return False
     if not isinstance(ctx, KcpContext) or ctx.R == 1 or not (dist.is_available() and dist.is_initialized()):
-        return
+        return True
     if torch._guards.detect_fake_mode([x for x in (q, k, v, g, beta) if isinstance(x, torch.Tensor)]) is not None:
-        return
+        return False
 
-    resolved, local_error = _local_checks(ctx, q, k, v, g, beta, scale, options, use_qk_l2norm, workspace,
-                                          initial_state, output_final_state)
-    facts = _facts(ctx, q, k, v, g, beta, scale, resolved, initial_state, output_final_state)
-    words = {_digest(w): w for w in _vocabulary()}
+    arguments = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_qk_l2norm=use_qk_l2norm, options=options,
+                     workspace=workspace, gate_kwargs=gate_kwargs or {})  # gate_keywords' defaults
+    resolved, local_error = _local_checks(ctx, q, k, v, g, beta, arguments)
+    facts = _facts(ctx, q, k, v, g, beta, scale, resolved, initial_state, output_final_state,
+                   arguments["gate_kwargs"])
+    words = {digest(w): w for w in _vocabulary()}
     shared_codes = []
     for name, kind, value in facts:
         if kind == _WORD:
-            words[_digest(value)] = value
-            value = _digest(value)
+            words[digest(value)] = value
+            value = digest(value)
         shared_codes.append(value)
     # Facts checked per rank: its token count against its context range, the
     # rank its context was built for, and whether its own input checks pass.
@@ -232,3 +233,4 @@ def check_ranks_agree(
     if problems:
         what = ENV_VAR if check_ranks_enabled() else "the first call through this WorkspaceKcp"
         raise ValueError(f"{what}: " + "; ".join(problems)) from local_error
+    return True

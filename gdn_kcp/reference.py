@@ -46,7 +46,7 @@ def naive_recurrence(
         o, s = naive_recurrence(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 5, 9]),
                                 output_final_state=True)
     """
-    use_qk_l2norm = bool(qk_norm_flag(use_qk_l2norm_in_kernel, use_qk_l2norm))
+    use_qk_l2norm = bool(qk_norm_flag(use_qk_l2norm_in_kernel, use_qk_l2norm)[0])
     B, T, H_qk, K = q.shape
     HV = v.shape[2]
     if scale is None:

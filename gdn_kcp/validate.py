@@ -52,17 +52,19 @@ def check_flag(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
-def qk_norm_flag(use_qk_l2norm_in_kernel: object, use_qk_l2norm: object) -> bool | None:
-    """The q/k norm switch under either of its names (None when neither is given)."""
-    if use_qk_l2norm_in_kernel is None:
-        return use_qk_l2norm
-    if not isinstance(use_qk_l2norm_in_kernel, bool):
-        raise TypeError(f"use_qk_l2norm_in_kernel must be a bool or None, got "
-                        f"{type(use_qk_l2norm_in_kernel).__name__} {use_qk_l2norm_in_kernel!r}")
-    if use_qk_l2norm is not None and use_qk_l2norm != use_qk_l2norm_in_kernel:
+def qk_norm_flag(use_qk_l2norm_in_kernel: object, use_qk_l2norm: object) -> tuple[bool | None, str]:
+    """The q/k norm switch under either of its names (FLA's, and the older
+    ``use_qk_l2norm``), each checked, and the name the caller used: ``(None,
+    "")`` when neither is given."""
+    given = [(name, value) for name, value in (("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
+                                               ("use_qk_l2norm", use_qk_l2norm)) if value is not None]
+    for name, value in given:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool or None, got {type(value).__name__} {value!r}")
+    if len(given) == 2 and use_qk_l2norm != use_qk_l2norm_in_kernel:
         raise ValueError(f"use_qk_l2norm_in_kernel={use_qk_l2norm_in_kernel} disagrees with "
                          f"use_qk_l2norm={use_qk_l2norm}: they name the same switch")
-    return use_qk_l2norm_in_kernel
+    return (given[0][1], given[0][0]) if given else (None, "")
 
 
 def values_readable(x: torch.Tensor) -> bool:
@@ -153,6 +155,7 @@ def check_gdn_inputs(
     cu_seqlens: object,
     initial_rows: tuple[int, str] | None = None,
     cu_seqlens_host: torch.Tensor | None = None,
+    state_v_first: bool = False,
 ) -> tuple[GdnDims, list[int] | None]:
     """Check the FLA-layout inputs; return their sizes and the document bounds
     over the flattened ``B * T`` tokens (None for a ``cu_seqlens`` whose
@@ -161,7 +164,8 @@ def check_gdn_inputs(
     the rows initial_state must have when they are not the N documents (a KCP
     rank holds the documents that start on it). ``cu_seqlens_host``: a host
     copy of ``cu_seqlens`` to read instead of it (FLA's ``cu_seqlens_cpu``:
-    no device sync), checked to equal it by the caller."""
+    no device sync), checked to equal it by the caller. ``state_v_first``:
+    initial_state is ``[N, HV, V, K]`` (FLA's V-first layout)."""
     check_tensor("q", q, 4, "[B, T, H_qk, K]")
     check_tensor("k", k, 4, "[B, T, H_qk, K]")
     check_tensor("v", v, 4, "[B, T, HV, V]")
@@ -205,13 +209,12 @@ def check_gdn_inputs(
     N = len(bounds) - 1 if bounds is not None else cu_seqlens.shape[0] - 1
     if initial_state is not None:
         rows, rows_name = (N, "N") if initial_rows is None else initial_rows
-        layout = f"[{rows_name}, HV, K, V]"
+        layout, shape = (f"[{rows_name}, HV, V, K]", (rows, HV, V, K)) if state_v_first else \
+            (f"[{rows_name}, HV, K, V]", (rows, HV, K, V))
         check_tensor("initial_state", initial_state, 4, layout)
         check_float_dtype("initial_state", initial_state)
-        if initial_state.shape != (rows, HV, K, V):
-            raise ValueError(
-                f"initial_state must have shape {layout} = {(rows, HV, K, V)}, got {tuple(initial_state.shape)}"
-            )
+        if initial_state.shape != shape:
+            raise ValueError(f"initial_state must have shape {layout} = {shape}, got {tuple(initial_state.shape)}")
         if initial_state.device != q.device:
             raise ValueError(f"initial_state is on {initial_state.device}, q on {q.device}")
     return GdnDims(B=B, T=T, H_qk=H_qk, HV=HV, K=K, V=V, N=N), bounds

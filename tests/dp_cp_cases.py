@@ -95,12 +95,15 @@ def mesh_2x2():
 
 def shard(model: nn.Module, mesh, wrapping: str) -> nn.Module:
     """``fsdp``: FSDP2 over the flattened dp x cp mesh (the recipe);
-    ``ddp``: DDP over every rank; ``fsdp_dp_only``: FSDP2 over dp alone (the mistake)."""
+    ``ddp``: DDP over every rank; ``fsdp_dp_only`` / ``ddp_dp_only``: over dp
+    alone (the mistakes)."""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
     if wrapping == "ddp":
         return DistributedDataParallel(model)
+    if wrapping == "ddp_dp_only":
+        return DistributedDataParallel(model, process_group=mesh.get_group("dp"))
     shard_mesh = mesh["dp", "cp"]._flatten("dp_cp") if wrapping == "fsdp" else mesh["dp"]
     for layer in model.layers:
         fully_shard(layer, mesh=shard_mesh)
@@ -143,16 +146,46 @@ def check_recipes(rank: int, R: int, expected: list[list[torch.Tensor]]) -> None
 
 
 def check_mistake_is_caught(rank: int, R: int) -> None:
-    """FSDP2 over dp alone: the check raises on every rank, naming parameters."""
+    """FSDP2 or DDP over dp alone: the check raises on every rank, naming parameters."""
+    for wrapping, prefix in (("fsdp_dp_only", ""), ("ddp_dp_only", "module.")):
+        try:
+            train_on_mesh(wrapping, check_every_step=True)
+        except ValueError as err:
+            message = str(err)
+            assert "context-parallel ranks hold different gradients of" in message, message
+            assert f"{prefix}layers.0.q_proj.weight" in message and "relative difference" in message, message
+            assert "_flatten('dp_cp')" in message, message
+        else:
+            raise AssertionError(f"{wrapping} trained without an error")
+
+
+def check_gradient_check_cases(rank: int, R: int) -> None:
+    """check_cp_gradients on two ranks of the default group: a gradient on one
+    rank only, a gap below and above rtol, and modules that differ."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3).double()
+    model.weight.grad = torch.ones(3, 4, dtype=torch.float64) * (1 + 1e-7 * rank)  # sum of squares: 2e-7 apart
+    model.bias.grad = torch.ones(3, dtype=torch.float64) if rank == 0 else None
+    expect_error(lambda: check_cp_gradients(model, None), r"bias \(a gradient on some ranks, none on others\)")
+    model.bias.grad = torch.ones(3, dtype=torch.float64)
+    check_cp_gradients(model, None)  # 1e-7 apart: within the default rtol of 1e-5
+    expect_error(lambda: check_cp_gradients(model, None, rtol=1e-9), r"of weight \(relative difference 2e-07\)")
+    expect_error(lambda: check_cp_gradients(model, None, rtol=-1.0), "rtol must be a float >= 0")
+    other = nn.Linear(4, 3) if rank == 0 else nn.Sequential(nn.Linear(4, 3))
+    for p in other.parameters():
+        p.grad = torch.zeros_like(p)
+    expect_error(lambda: check_cp_gradients(other, None), "name different parameters")
+    extra = nn.Linear(4, 3, bias=rank == 0)
+    expect_error(lambda: check_cp_gradients(extra, None), r"different numbers of parameters \[2, 1\]")
+
+
+def expect_error(call, pattern: str) -> None:
     try:
-        train_on_mesh("fsdp_dp_only", check_every_step=True)
+        call()
     except ValueError as err:
-        message = str(err)
-        assert "context-parallel ranks hold different gradients of" in message, message
-        assert "layers.0.q_proj.weight" in message and "relative difference" in message, message
-        assert "_flatten('dp_cp')" in message, message
+        assert re.search(pattern, str(err)), (pattern, str(err))
     else:
-        raise AssertionError("FSDP2 over the dp ranks alone trained without an error")
+        raise AssertionError(f"no ValueError matching {pattern!r}")
 
 
 def check_group_forms(rank: int, R: int) -> None:

@@ -14,7 +14,7 @@ import torch
 from gdn_inputs import make_inputs
 from torch.nn import functional as F
 
-from gdn_kcp import build_kcp_context, chunk_gated_delta_rule, gdn_kcp, naive_recurrence
+from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp, naive_recurrence
 from gdn_kcp.fla_compat import expected_chunk_indices
 
 BOUNDS = [0, 70, 70, 71, 200]
@@ -61,6 +61,11 @@ FORMS = {
     "chunk_indices_fixed_shape": lambda q, k, v, g, b, h0: chunk_gated_delta_rule(
         q, k, v, g, b, 0.3, h0, True, True, cu_seqlens=CU, chunk_indices=expected_chunk_indices(CU, 9),
         chunk_size=64),
+    # every parameter by position, in FLA 0.6's order (state_v_first, cu_seqlens, cu_seqlens_cpu,
+    # chunk_indices, cp_context after the beta flags)
+    "all_positional": lambda q, k, v, g, b, h0: chunk_gated_delta_rule(
+        q, k, v, g, b, 0.3, h0, True, True, False, False, False, CU, CU.clone(), expected_chunk_indices(CU, 6),
+        None),
 }
 
 
@@ -121,6 +126,12 @@ def test_gdn_kcp_speaks_the_same():
     assert final_state is None and torch.equal(o, o_old) and torch.allclose(o, o_fla, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="use_qk_l2norm_in_kernel=True disagrees with use_qk_l2norm=False"):
         gdn_kcp(q, k, v, g, b, ctx, use_qk_l2norm_in_kernel=True, use_qk_l2norm=False)
+    with pytest.raises(ValueError, match=r"^use_qk_l2norm_in_kernel=False disagrees with options.use_qk_l2norm=True"):
+        gdn_kcp(q, k, v, g, b, ctx, use_qk_l2norm_in_kernel=False, options=OptionsKcp(use_qk_l2norm=True))
+    with pytest.raises(TypeError, match="use_qk_l2norm must be a bool or None, got int 1"):
+        gdn_kcp(q, k, v, g, b, ctx, use_qk_l2norm_in_kernel=True, use_qk_l2norm=1)
+    with pytest.raises(TypeError, match="use_qk_l2norm must be a bool or None, got str 'no'"):
+        naive_recurrence(q, k, v, g, b, use_qk_l2norm="no")
 
 
 def error_cases():
@@ -131,17 +142,27 @@ def error_cases():
                                                dict(allow_neg_eigval=True)),
         "head_first": (DeprecationWarning, "head_first", dict(head_first=False)),
         "chunk_size": (ValueError, r"chunk_size = 32 is not supported.*chunk_size=64", dict(chunk_size=32)),
+        "chunk_size float": (ValueError, r"chunk_size = 64.0 is not supported", dict(chunk_size=64.0)),
+        "state_v_first state": (TypeError, r"initial_state must be a torch.Tensor \[N, HV, V, K\], got str",
+                                dict(state_v_first=True, initial_state="h0")),
+        "state_v_first shape": (ValueError, r"initial_state must have shape \[N, HV, V, K\] = \(4, 2, 8, 16\), "
+                                r"got \(4, 2, 16, 8\)", dict(state_v_first=True, initial_state=h0, cu_seqlens=CU)),
+        "cu_seqlens a list": (TypeError, r"cu_seqlens must be a torch.Tensor \[N \+ 1\], got list",
+                              dict(cu_seqlens=BOUNDS, cu_seqlens_cpu=CU)),
         "both state names": (ValueError, "not both", dict(state_v_first=True, transpose_state_layout=True)),
         "unknown keyword": (TypeError, r"unexpected keyword arguments \['use_qk_norm'\]", dict(use_qk_norm=True)),
         "cp_context": (ValueError, "cp_context", dict(cp_context=object())),
-        "cu_seqlens_cpu differs": (ValueError, "cu_seqlens_cpu = .* disagrees with cu_seqlens",
+        "cu_seqlens_cpu differs": (ValueError, r"cu_seqlens_cpu disagrees with cu_seqlens from row 2 on",
                                    dict(cu_seqlens=CU, cu_seqlens_cpu=cu_shifted)),
         "cu_seqlens_cpu alone": (ValueError, "without cu_seqlens", dict(cu_seqlens_cpu=CU)),
-        "chunk_indices differ": (ValueError, "chunk_indices = .* disagrees",
+        "chunk_indices differ": (ValueError, r"chunk_indices disagrees with .* from row 2 on: chunk_indices\[2\] = "
+                                 r"\[1, 0\], expected \[2, 0\]",
                                  dict(cu_seqlens=CU, chunk_indices=expected_chunk_indices(cu_shifted, 6))),
         "chunk_indices too short": (ValueError, "fewer than the chunks",
                                     dict(cu_seqlens=CU, chunk_indices=expected_chunk_indices(CU, 5))),
         "chunk_indices shape": (ValueError, r"\[NT, 2\]", dict(cu_seqlens=CU, chunk_indices=torch.zeros(4, 3).long())),
+        "chunk_indices dtype": (TypeError, "chunk_indices must be int32 or int64", dict(
+            cu_seqlens=CU, chunk_indices=expected_chunk_indices(CU, 6).float())),
     }, (q, k, v, g, b, h0)
 
 

@@ -160,17 +160,21 @@ def test_gated_rms_norm_computes_in_fp32():
     assert torch.equal(norm(x, gate), expected.to(torch.bfloat16))
 
 
-LAYER_CLASSES = {
-    torch.bfloat16: {"o": 1e-2, "dx": 1.2e-2, "weight": 1.2e-2, "vector": 3e-2},
-    torch.float32: {"o": 1e-5, "dx": 1e-5, "weight": 1e-5, "vector": 1e-5},
+BF16_BOUNDS = {
+    "o": 9e-3, "dx": 1.1e-2, "A_log": 2.7e-2, "dt_bias": 3e-2, "q_proj.weight": 1.2e-2, "k_proj.weight": 1.2e-2,
+    "v_proj.weight": 1e-2, "a_proj.weight": 1e-2, "b_proj.weight": 1e-2, "q_conv1d.weight": 1.2e-2,
+    "q_conv1d.bias": 2.3e-2, "k_conv1d.weight": 1.2e-2, "k_conv1d.bias": 2e-2, "v_conv1d.weight": 1.2e-2,
+    "v_conv1d.bias": 9e-3, "g_proj.weight": 9e-3, "o_norm.weight": 1e-2, "o_proj.weight": 9e-3,
 }
-"""Relative RMS of the layer against its fp64 twin. bf16: every torch op of the
-layer (projections, convolution, gate, norm, o_proj) rounds its output to
-bf16 (2^-9), so the whole layer sits above FLA's kernel classes: measured o
-7.4e-3, dx 8.7e-3, weight gradients 6.9e-3 to 9.5e-3, the per-head vectors
-reduced over T (A_log, dt_bias, conv biases) 7.3e-3 to 2.3e-2. fp32: ieee
-products, measured 6.0e-7 at most. The norm's own fp32 rule has its exact
-test above (a norm in bf16 moves o here only from 7.4e-3 to 8.0e-3)."""
+"""Relative RMS of the bf16 layer against its fp64 twin, per tensor: the
+measured error (o 7.4e-3, dx 8.7e-3, weight gradients 6.9e-3 to 9.5e-3, the
+per-head vectors reduced over T 7.3e-3 to 2.3e-2) with a quarter of headroom.
+Every torch op of the layer (projections, convolution, gate, norm, o_proj)
+rounds its output to bf16 (2^-9), so the whole layer sits above FLA's kernel
+classes. The norm's own fp32 rule has its exact test above (a norm in bf16
+moves o here only from 7.4e-3 to 8.0e-3)."""
+FP32_BOUND = 2e-6
+"""fp32 (ieee products): measured 6.0e-7 at most over the same tensors."""
 
 
 def layer_errors(dtype: torch.dtype) -> dict[str, float]:
@@ -198,15 +202,11 @@ def layer_errors(dtype: torch.dtype) -> dict[str, float]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_layer_below_fp64_against_fp64(dtype):
     """The layer in bf16 and fp32 (fp32 states and norms inside) against its
-    fp64 twin: the output and every gradient within its class."""
+    fp64 twin: the output and every gradient within its bound."""
     errors = layer_errors(dtype)
-    classes = LAYER_CLASSES[dtype]
-
-    def bound(name: str) -> float:
-        if name in ("o", "dx"):
-            return classes[name]
-        return classes["weight"] if name.endswith("weight") else classes["vector"]
-
-    print({name: f"{err:.1e}" for name, err in errors.items()})
-    bad = {name: err for name, err in errors.items() if not err < bound(name)}
-    assert not bad and len(errors) == 18, (bad, errors)
+    names = ["o", "dx", *(name for name, _ in GatedDeltaNet(hidden_size=64, head_dim=16, num_heads=2, num_v_heads=4,
+                                                              conv_bias=True).named_parameters())]
+    assert list(errors) == names == list(BF16_BOUNDS)
+    bounds = BF16_BOUNDS if dtype == torch.bfloat16 else dict.fromkeys(names, FP32_BOUND)
+    bad = {name: err for name, err in errors.items() if not err < bounds[name]}
+    assert not bad, (bad, errors)

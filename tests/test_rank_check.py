@@ -71,6 +71,11 @@ def _every_rank_raises(rank: int, R: int) -> None:
          r"ranks \[1\] differ from rank 0 in use_qk_l2norm \(False vs True\)"),
         ("malformed v", _on_rank_1(rank, mine, short_v), {},
          r"the inputs of ranks \[1\] fail gdn_kcp's input checks"),
+        ("beta sigmoid", mine, {"use_beta_sigmoid_in_kernel": rank == 1},
+         r"ranks \[1\] differ from rank 0 in use_beta_sigmoid_in_kernel \(0 vs 1\)"),
+        # a keyword error that gdn_kcp raises before its input checks: still every rank, at once
+        ("allow_neg_eigval alone", mine, {"allow_neg_eigval": rank == 1},
+         r"ranks \[1\] differ from rank 0 in allow_neg_eigval \(0 vs 1\).*the inputs of ranks \[1\] fail"),
         ("output_final_state", mine, {"output_final_state": rank == 1},
          r"ranks \[1\] differ from rank 0 in output_final_state \(0 vs 1\)"),
         ("initial_state rows", mine, {"initial_state": torch.zeros(ctx.n_start_docs + rank, HV, K, V,

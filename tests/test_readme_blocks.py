@@ -135,8 +135,9 @@ def test_training_block_compiles_once():
 
 
 def _dp_cp_block_on_rank(rank: int, R: int, port: int, block: str) -> None:
-    """The data x context parallel block as torchrun would run it: its check
-    passes, its step moves the parameters, the loss is finite."""
+    """The data x context parallel block as torchrun would run it (the port
+    probed as for the KCP block): its check passes, its step moves every
+    parameter away from the seeded initial ones, the loss is finite."""
     import os
 
     import torch.distributed as dist
@@ -148,6 +149,10 @@ def _dp_cp_block_on_rank(rank: int, R: int, port: int, block: str) -> None:
         exec(compile(block, "README.md ## Training with data and context parallelism", "exec"), namespace)
         assert torch.isfinite(namespace["loss"]).all()
         assert namespace["ctx"].R == 2 and namespace["n_targets"] == 2 * (1024 - 3)
+        torch.manual_seed(0)
+        initial = namespace["LM"]()
+        for (name, trained), fresh in zip(namespace["model"].named_parameters(), initial.parameters()):
+            assert not torch.equal(trained.full_tensor(), fresh), name
     finally:
         dist.destroy_process_group()
 

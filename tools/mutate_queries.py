@@ -227,7 +227,9 @@ def run_tests(timeout: int, tests: tuple[str, ...] = ()) -> tuple[bool, str]:
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, "timed out"
-    last = [line for line in result.stdout.splitlines() if line.strip()][-1:] or ["?"]
+    if result.returncode < 0:  # e.g. an out-of-bounds read of a mutated Triton program under the interpreter
+        return False, f"crashed by signal {-result.returncode}"
+    last = [line for line in result.stdout.splitlines() if line.strip()][-1:] or [f"exit status {result.returncode}"]
     return result.returncode == 0, last[0]
 
 
