@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report roofline gpu-check clean
+.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report roofline roofline-facts gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,10 +42,19 @@ compile-check: $(VENV)/.test
 compile-report: $(VENV)/.test
 	TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$(mktemp -d) $(PY) -m gdn_kcp.kernels.triton.compile_specs --report
 
-# Not CI: static H200 estimate of one forward+backward, ours and FLA's (compiles every kernel for sm_90; minutes).
-# FLA_SITE=DIR adds fla-core from a `pip install --target DIR` (else FLA is included when `fla` imports).
+# Not CI: the calibrated H200 estimate of one forward+backward, ours and FLA 0.5.1's, from the committed
+# compile facts (benchmarks/h200_facts.json; seconds). ARGS="--T 8192 --hv 8 --hq 2" for another shape.
 roofline: $(VENV)/.test
-	TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$(mktemp -d) $(PY) benchmarks/roofline.py $(if $(FLA_SITE),--fla $(FLA_SITE))
+	$(PY) benchmarks/roofline.py $(ARGS)
+
+# Not CI: recompile every kernel of ours and every autotune configuration of FLA 0.5.1's for sm_90 with
+# triton 3.6 (the GPU machine's; FLA 0.5.1 does not compile on 3.9) into benchmarks/h200_facts.json.
+# Downloads fla-core 0.5.1 and triton 3.6.0 into a temporary folder; about 8 minutes on 2 cores.
+roofline-facts: $(VENV)/.test
+	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D/fla fla-core==0.5.1 \
+	&& $(PIP) install -q --no-deps --target $$D/triton triton==3.6.0 \
+	&& TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$D/cache \
+	$(PY) benchmarks/roofline.py --refresh-facts --fla-site $$D/fla --triton-site $$D/triton --calibration
 
 # On a GPU machine only (uses the machine's torch and triton).
 gpu-check:

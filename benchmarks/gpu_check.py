@@ -144,6 +144,18 @@ def time_paths(results, device, dims, dtype, bounds):
             key: timing["fla"][key] / timing["gdn_kcp"][key] for key in ("forward_ms", "forward_backward_ms")
         }
     results["timing"] = timing
+    results["model"] = modelled_times(ctx, dims)
+
+
+def modelled_times(ctx, dims) -> dict:
+    """The calibrated model's times at this packing (``roofline.compare`` on the
+    committed compile facts), beside the measured ones: one run recalibrates it."""
+    import roofline
+
+    estimates = roofline.compare(roofline.shape_of(ctx, *dims), roofline.load_facts())
+    return {("gdn_kcp" if name == "ours" else name): {"forward_ms": round(r["forward_ms"], 3),
+                                                      "forward_backward_ms": round(r["total_ms"], 3)}
+            for name, r in estimates.items()}
 
 
 def profile_kernels(results, device, dims, dtype, bounds):
@@ -441,6 +453,8 @@ def markdown(r: dict) -> str:
                      + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
     for name, row in r.get("timing", {}).items():
         lines.append(f"- {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
+    for name, row in r.get("model", {}).items():
+        lines.append(f"- {name}, the calibrated model's estimate: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
     if "fla_error" in r:
         lines.append(f"- fla not timed: {r['fla_error'].splitlines()[0]}")
     if "compile" in r:

@@ -6,15 +6,13 @@ on every rank), the heads and head dims, and the SM count ``ctx.n_sms``: so
 the same topology gives the same P on every rank, and a capped context's P
 depends on its caps alone.
 
-Cost model: the time of the forward's walks, the same model as
-``benchmarks/roofline.py``'s serial term. A walk launch of x programs, each a
-chain of s dependent steps that stream beta bytes and do work of w seconds
-at one SM's rates, runs ``waves(x) = ceil(x / (n_sms r))`` waves (r:
-programs resident per SM, :data:`WALK_RESIDENT` for the walks,
-:data:`COMPOSE_RESIDENT` for phase 2), and each step takes the longer of the
-step latency plus its work (times the programs sharing an SM) and the time
-the programs in flight need to stream their bytes:
-``max(STEP_LATENCY + sharing w, beta in_flight / min(HBM, busy SMs x SM_BANDWIDTH))``.
+Cost model: the time of the forward's walk launches on the shared H200 model
+(:func:`gdn_kcp.cost_model.terms`, whose three constants are fitted to
+measured times) on ``n_sms`` SMs, with the walks' compile facts
+(:data:`WALK_FACTS`, :data:`COMPOSE_FACTS`: registers, warps, shared memory
+and spills of the sm_90 compile, which tests/test_roofline.py ties to the
+committed compile facts). ``benchmarks/roofline.py`` times the same
+launches (:func:`walk_launches`).
 
 - ``P = 1``: the tape walk, ``n`` steps (n = ``plan_chunks``) of
   ``F HV Vt`` programs (F = ``plan_frags``, ``Vt = ceil(V / 64)``), each step
@@ -27,26 +25,16 @@ the programs in flight need to stream their bytes:
 
 Every fragment is costed as long as the longest (an upper bound). The plan
 takes the P in ``[1, min(64, n)]`` of least cost (the smaller on a 1 % tie).
-
-What it says: segments pay when the walk is bound by its steps or by the
-bandwidth of the few SMs it occupies, that is when it runs few programs
-(few heads per rank, as under tensor-parallel head sharding). One document of
-32,768 tokens (n = 512) with K = V = 128 on 132 SMs: at HV = 4 (8 programs,
-each bound by its SM's bandwidth) P = 1 costs 288 us and the plan picks P = 5
-(135 us); at HV = 32 (64 programs) the tape walk streams 2.2 GB, already
-HBM-bound at 450 us, and every P > 1 adds phase 1's reads (P = 4: 1,050 us),
-so the plan keeps P = 1 (tests/test_segments.py checks these figures). It
-would keep P = 1 there with no bandwidth limit at all (282 us, against 329 at
-P = 4): segments triple the walk's program-steps (phase 1 folds the V + K
-columns, phase 3 walks again), and the 68 SMs the tape walk leaves idle add at
-most 132 / 64 of tensor throughput.
+The README's table of the plan and tests/test_segments.py state what it picks.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from gdn_kcp.context import KcpContext
+from gdn_kcp.cost_model import H200, Launch, Machine, Work, terms, walk
 from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
@@ -57,44 +45,19 @@ COMPOSE_VALUE_TILE = 16
 """Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
 its exact fp32 products stay in registers at 16 columns)."""
 
-WALK_RESIDENT = 2
-"""Walk programs resident on one SM at once. The Triton forward walks (tape
-walk, segment summary) compile (sm_90, bf16, K = V = 128) to 255 registers x
-4 warps, half the register file of an SM (the README's compile table;
-tests/test_segments.py checks this value against the tape walk's warps)."""
+WALK_FACTS = {"products": "wgmma", "num_warps": 4, "registers": 255, "shared": 33_076, "spill_stores": 1_772,
+              "spill_loads": 2_020}
+"""Compile facts of the tape walk (sm_90, bf16, K = V = 128, triton 3.6: the
+committed ``benchmarks/h200_facts.json``, which a test ties to these): 255
+registers x 4 warps, two programs per SM, and the spills its steps reload."""
 
-COMPOSE_RESIDENT = 1
-"""Composition programs resident on one SM: ``compose_segments`` compiles to
-239 / 244 registers x 8 warps (the README's compile table)."""
+SEGMENT_FACTS = {"products": "wgmma", "num_warps": 4, "registers": 255, "shared": 33_044, "spill_stores": 1_316,
+                 "spill_loads": 1_348}
+"""The segment summary's (phase 1) compile facts, as :data:`WALK_FACTS`."""
 
-STEP_LATENCY = 0.27e-6
-"""Seconds of one dependent walk step (``benchmarks/roofline.py``'s default:
-two dependent cross-warp exchanges of about 250 cycles at 1.83 GHz)."""
-
-HBM_BANDWIDTH = 4.8e12
-"""Bytes per second of HBM (H200 SXM)."""
-
-SM_BANDWIDTH = 64 * 1.83e9
-"""Bytes per second one SM moves to and from L2 (64 B per clock, roofline's assumption)."""
-
-SM_TENSOR_RATE = 989e12 / 132
-"""bf16 FLOP/s of one SM's tensor cores (H200 SXM, dense, over its 132 SMs)."""
-
-SM_FMA_RATE = 67e12 / 132
-"""fp32 FLOP/s of one SM's FMA pipes (the compositions' exact products)."""
-
-
-def _launch(programs: int, steps: int, step_bytes: int, step_time: float, n_sms: int, resident: int) -> float:
-    """Seconds of a walk launch of ``programs`` chains of ``steps`` steps, each
-    step ``step_time`` seconds of work at one SM's rates."""
-    if programs == 0 or steps == 0:
-        return 0.0
-    in_flight = min(programs, n_sms * resident)
-    busy = min(programs, n_sms)
-    waves = -(-programs // in_flight)
-    sharing = -(-in_flight // busy)  # programs sharing one SM's rates
-    bandwidth = min(HBM_BANDWIDTH, busy * SM_BANDWIDTH)
-    return waves * steps * max(STEP_LATENCY + sharing * step_time, step_bytes * in_flight / bandwidth)
+COMPOSE_FACTS = {"products": "fma", "num_warps": 8, "registers": 245, "shared": 17_408, "spill_stores": 0,
+                 "spill_loads": 0}
+"""``compose_segments``' (phase 2) compile facts: exact fp32 products, one program per SM."""
 
 
 def tape_step_bytes(K: int, V: int) -> int:
@@ -104,23 +67,32 @@ def tape_step_bytes(K: int, V: int) -> int:
     return 2 * C * K * 2 + C * (4 + 2) + 2 * C * BV * 2 + K * BV * 2
 
 
-def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms: int,
-              resident: int = WALK_RESIDENT) -> float:
-    """Seconds of the forward's walks at P segments (the module's model)."""
+def walk_launches(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int) -> list[tuple[Launch, dict]]:
+    """The forward's walk launches at P segments, each with its compile facts
+    (the module's phases; every fragment as long as ``chunks``)."""
     C, F = CHUNK_SIZE, max(frags, 1)
     BV = min(WALK_VALUE_TILE, V)
     tiles = -(-V // WALK_VALUE_TILE)
-    walk_step = 2 * (2 * C * K * BV) / SM_TENSOR_RATE  # V_new = U - W S, then K^T V_new: bf16 tensor products
+    products = Work(bf16=2 * (2 * C * K * BV))  # V_new = U - W S, then K^T V_new: bf16 tensor products
+    tape = replace(products, bytes=tape_step_bytes(K, V))
     if P == 1:
-        return _launch(F * HV * tiles, chunks, tape_step_bytes(K, V), walk_step, n_sms, resident)
+        return [(walk("fwd", "tape_walk_kernel", F * HV * tiles, chunks, tape), WALK_FACTS)]
     steps = -(-chunks // P)
-    summary_bytes = 2 * C * K * 2 + C * (4 + 2) + C * BV * 2
+    summary = replace(products, bytes=2 * C * K * 2 + C * (4 + 2) + C * BV * 2)
     BC = min(COMPOSE_VALUE_TILE, V)
-    compose_bytes = (K * K + 2 * K * BC) * 4
-    compose_step = 2 * K * K * BC / SM_FMA_RATE
-    return (_launch(F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary_bytes, walk_step, n_sms, resident)
-            + _launch(F * HV * -(-V // BC), P, compose_bytes, compose_step, n_sms, COMPOSE_RESIDENT)
-            + _launch(F * P * HV * tiles, steps, tape_step_bytes(K, V), walk_step, n_sms, resident))
+    compose = Work(fp32=2 * K * K * BC, bytes=(K * K + 2 * K * BC) * 4)
+    return [(walk("fwd", "segment_summary_kernel", F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary),
+             SEGMENT_FACTS),
+            (walk("fwd", "compose_segments_kernel", F * HV * -(-V // BC), P, compose), COMPOSE_FACTS),
+            (walk("fwd", "tape_walk_kernel", F * P * HV * tiles, steps, tape), WALK_FACTS)]
+
+
+def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms: int,
+              machine: Machine = H200) -> float:
+    """Seconds of the forward's walks at P segments on ``n_sms`` SMs (the module's model)."""
+    m = replace(machine, sms=n_sms)
+    return sum(terms(launch, facts, m)["time"]
+               for launch, facts in walk_launches(P, chunks=chunks, frags=frags, HV=HV, K=K, V=V))
 
 
 def segment_range(ctx: KcpContext) -> int:

@@ -87,58 +87,64 @@ def test_segments_option_range():
 
 def test_plan_cost_model():
     """The documented model on one document of 32,768 tokens (n = 512 chunks),
-    K = V = 128, 132 SMs: at HV = 32 the tape walk is HBM-bound (2.2 GB at
-    4.8 TB/s) and segments only add phase 1's reads: P = 1; at HV = 4 its 8
-    programs are each bound by one SM's bandwidth, and segments spread them:
-    P = 5 at under half the time."""
-    from gdn_kcp import plan
+    K = V = 128, 132 SMs, with the walks' compile facts (their spills reloaded
+    every step): at HV = 32 the tape walk is HBM-bound and segments only add
+    phase 1's reads: P = 1; at HV = 4 its 8 programs are each bound by one
+    SM's bandwidth, and segments spread them: P = 5 at under half the time."""
+    import math
+    from dataclasses import replace
+
     from gdn_kcp.context import context_from_split
-    from gdn_kcp.plan import plan_segments, tape_step_bytes, walk_cost
+    from gdn_kcp.cost_model import H200
+    from gdn_kcp.plan import WALK_FACTS, plan_segments, tape_step_bytes, walk_cost
 
     shape = dict(chunks=512, frags=1, K=128, V=128, n_sms=132)
     assert tape_step_bytes(128, 128) == 65920
-    assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * 65920 * 64 / 4.8e12)  # 450 us
-    assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(1050, abs=1)
-    assert walk_cost(1, HV=4, **shape) == pytest.approx(512 * 65920 / (64 * 1.83e9))  # 288 us
-    assert walk_cost(5, HV=4, **shape) * 1e6 == pytest.approx(135, abs=1)
+    spills = (WALK_FACTS["spill_stores"] + WALK_FACTS["spill_loads"]) * 32 * WALK_FACTS["num_warps"]
+    step = 65920 + spills  # bytes one walk program moves per step
+    eta = H200.memory_efficiency
+    assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * step * 64 / (4.8e12 * eta))  # 3,764 us
+    assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(9206, abs=1)
+    assert walk_cost(1, HV=4, **shape) == pytest.approx(512 * step / (64 * 1.83e9 * eta))  # 2,410 us
+    assert walk_cost(5, HV=4, **shape) * 1e6 == pytest.approx(1178, abs=1)
     ctx = context_from_split([0, 32768], [(0, 32768)], 0, n_sms=132)
     assert plan_segments(ctx, 32, 128, 128) == 1
     assert plan_segments(ctx, 4, 128, 128) == 5
     assert plan_segments(context_from_split([0, 32768], [(0, 32768)], 0, n_sms=2), 4, 128, 128) == 1
     # many fragments fill the device: P = 1
     assert min(range(1, 65), key=lambda P: walk_cost(P, HV=4, **dict(shape, frags=64))) == 1
-    # HV = 32 keeps P = 1 with no bandwidth limit at all: the steps' products alone (282 us, 329 at P = 4)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plan, "HBM_BANDWIDTH", float("inf"))
-        patch.setattr(plan, "SM_BANDWIDTH", float("inf"))
-        unbound = {P: walk_cost(P, HV=32, **shape) * 1e6 for P in range(1, 65)}
-    assert min(unbound, key=unbound.get) == 1
-    assert (round(unbound[1]), round(unbound[4])) == (282, 329)
+    # HV = 32 keeps P = 1 with no bandwidth limit at all: the steps' latency and products alone
+    unbound = replace(H200, hbm=math.inf, sm_bytes_per_clock=math.inf)
+    alone = {P: walk_cost(P, HV=32, machine=unbound, **shape) * 1e6 for P in range(1, 65)}
+    assert min(alone, key=alone.get) == 1
+    assert (round(alone[1]), round(alone[4])) == (1133, 1552)
     # the README's table of the plan
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for HV in (32, 8, 4, 2):
         P = plan_segments(ctx, HV, 128, 128)
         cost = {p: walk_cost(p, HV=HV, **shape) * 1e6 for p in (1, P)}
-        row = f"| {HV} | {cost[1]:.0f} us | {P} | {cost[P]:.0f} us |"
+        row = f"| {HV} | {cost[1]:,.0f} us | {P} | {cost[P]:,.0f} us |"
         assert row in readme, row
 
 
 def test_plan_constants_are_the_kernels():
-    """The plan's tiles and residency are the Triton walks' launch facts."""
+    """The plan's tiles and warps are the Triton walks' launch facts (its
+    registers, shared memory and spills: tests/test_roofline.py ties them to
+    the committed compile facts); phases 1 and 3 hold two programs per SM,
+    phase 2 one."""
     pytest.importorskip("triton")
+    from gdn_kcp.cost_model import resident
     from gdn_kcp.kernels.triton._common import value_block
     from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
+    from gdn_kcp.kernels.triton.compose_segments import NUM_WARPS as COMPOSE_WARPS
     from gdn_kcp.kernels.triton.segment_summary import NUM_WARPS as SUMMARY_WARPS
     from gdn_kcp.kernels.triton.tape_walk import NUM_WARPS
-    from gdn_kcp.kernels.triton.compose_segments import NUM_WARPS as COMPOSE_WARPS
-    from gdn_kcp.plan import COMPOSE_RESIDENT, COMPOSE_VALUE_TILE, WALK_RESIDENT, WALK_VALUE_TILE
+    from gdn_kcp.plan import COMPOSE_FACTS, COMPOSE_VALUE_TILE, SEGMENT_FACTS, WALK_FACTS, WALK_VALUE_TILE
 
     assert (WALK_VALUE_TILE, COMPOSE_VALUE_TILE) == (value_block(128), BV_COMPOSE)
-    # 255 registers (the README's compile table, checked by test_triton_compile) x NUM_WARPS warps of 32;
-    # phases 1 and 3 run at the walks' residency, phase 2 at the compositions' (239 / 244 registers)
-    assert WALK_RESIDENT == 65536 // (256 * 32 * NUM_WARPS) == 2
-    assert SUMMARY_WARPS == NUM_WARPS
-    assert COMPOSE_RESIDENT == 65536 // (256 * 32 * COMPOSE_WARPS) == 1
+    assert (WALK_FACTS["num_warps"], SEGMENT_FACTS["num_warps"], COMPOSE_FACTS["num_warps"]) == (
+        NUM_WARPS, SUMMARY_WARPS, COMPOSE_WARPS)
+    assert (resident(WALK_FACTS), resident(SEGMENT_FACTS), resident(COMPOSE_FACTS)) == (2, 2, 1)
 
 
 def test_plan_is_the_same_on_every_rank():
