@@ -63,13 +63,63 @@ def test_bad_constructor_arguments(kwargs, match):
         GatedDeltaNet(hidden_size=64, **kwargs)
 
 
-def test_decode_caches_and_padding_masks_are_refused():
-    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2)
+def test_decode_caches_are_refused_and_fla_keywords_are_taken():
+    """Decode caches are not built yet (a ValueError); like FLA's layer, the
+    constructor and forward take other keywords and ignore them."""
+    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2, fuse_norm=True, some_config_key=3)
     x = torch.randn(1, 10, 32)
     with pytest.raises(ValueError, match="use_cache=True"):
         layer(x, use_cache=True)
-    with pytest.raises(ValueError, match="pass cu_seqlens"):
-        layer(x, attention_mask=torch.ones(1, 10))
+    ours, _, _ = layer(x, output_attentions=False, position_ids=None, unknown_flag=True)
+    assert torch.equal(ours, layer(x)[0])
+
+
+def test_padding_masks_equal_each_row_alone():
+    """attention_mask [B, T] with right and left padding (and a row of
+    padding only): every row's outputs and every gradient equal the row run
+    alone, padded positions are zero and get no gradient; a mask longer than
+    T is read by its last T columns, as FLA reads it."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2, num_v_heads=4, conv_bias=True).double()
+    T = 70
+    x = torch.randn(3, T, 32, dtype=torch.float64, requires_grad=True)
+    keep = [(0, 70), (25, 70), (0, 0)]  # full, left-padded by 25, all padding
+    mask = torch.zeros(3, T + 5, dtype=torch.long)
+    for row, (start, end) in enumerate(keep):
+        mask[row, 5 + start:5 + end] = 1
+    o, _, _ = layer(x, attention_mask=mask)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad((o * do).sum(), [x, *layer.parameters()])
+    expected_param_grads = [torch.zeros_like(p) for p in layer.parameters()]
+    for row, (start, end) in enumerate(keep):
+        assert not o[row, :start].any() and not o[row, end:].any()
+        if end == start:
+            continue
+        alone = x[row:row + 1, start:end].detach().requires_grad_()
+        ref, _, _ = layer(alone)
+        assert (o[row:row + 1, start:end] - ref).abs().max() < 1e-12
+        ref_grads = torch.autograd.grad((ref * do[row:row + 1, start:end]).sum(), [alone, *layer.parameters()])
+        assert (grads[0][row:row + 1, start:end] - ref_grads[0]).abs().max() < 1e-12
+        expected_param_grads = [a + b for a, b in zip(expected_param_grads, ref_grads[1:])]
+    assert not grads[0][1, :25].any() and not grads[0][2].any()
+    for ours, ref in zip(grads[1:], expected_param_grads):
+        assert (ours - ref).abs().max() < 1e-10
+
+
+def test_padding_and_packing_errors_name_the_public_argument():
+    from gdn_kcp import build_kcp_context
+
+    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2)
+    x = torch.randn(2, 10, 32)
+    with pytest.raises(ValueError, match=r"with cu_seqlens the batch is one packed row: hidden_states must be "
+                                         r"\[1, T, hidden_size\], got B = 2"):
+        layer(x, cu_seqlens=torch.tensor([0, 4, 10]))
+    with pytest.raises(ValueError, match="with kcp_context the batch is one packed row"):
+        layer(x, kcp_context=build_kcp_context([0, 10]))
+    with pytest.raises(ValueError, match="with kcp_context the stream is already packed"):
+        layer(x[:1], attention_mask=torch.ones(1, 10), kcp_context=build_kcp_context([0, 10]))
+    with pytest.raises(ValueError, match=r"attention_mask must be a \[B, T'\] 0/1 tensor with B = 2 and T' >= T = 10"):
+        layer(x, attention_mask=torch.ones(2, 9))
 
 
 def plain_layer(layer: GatedDeltaNet, x: torch.Tensor, bounds: list[int]) -> torch.Tensor:

@@ -38,6 +38,9 @@ CASES = {
                          l2=True, crossing=True),
     "bf16-K8-V100": dict(bounds=(0, 65, 65, 129), H_qk=1, HV=2, K=8, V=100, dtype=torch.bfloat16, seed=9,
                          l2=True, crossing=True),
+    # one chunk in all: every launch has a grid of one chunk
+    "fp32-one-chunk": dict(bounds=(0, 40), H_qk=1, HV=2, K=32, V=32, dtype=torch.float32, seed=10, l2=True,
+                           crossing=False),
 }
 # fp32 inputs: both backends compute in fp32 in a different order; bf16 inputs
 # also round the outputs and gradients to bf16 (2^-8 relative).

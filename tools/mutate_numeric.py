@@ -44,7 +44,13 @@ SKIPPED = ("kernels/triton/compile_specs.py",)
 
 TEST_MAP = {
     "kernels/torch/short_conv.py": ("tests/test_short_conv.py",),
-    "kernels/torch/": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py"),
+    "kernels/torch/summary_walk.py": ("tests/test_kcp_multirank.py",),  # the KCP programs: fragments that cross
+    "kernels/torch/adjoint_summary.py": ("tests/test_kcp_multirank.py",),
+    "kernels/torch/segment_summary.py": ("tests/test_segments.py",),
+    "kernels/torch/compose_segments.py": ("tests/test_segments.py",),
+    "kernels/torch/adjoint_segment_summary.py": ("tests/test_segments.py",),
+    "kernels/torch/compose_adjoints.py": ("tests/test_segments.py",),
+    "kernels/torch/": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_wy_inverse.py"),
     "kernels/triton/short_conv.py": ("tests/test_short_conv.py",),
     "kernels/triton/prep.py": ("tests/test_wy_inverse.py", "tests/test_triton_programs.py"),
     "kernels/triton/": ("tests/test_triton_programs.py",),

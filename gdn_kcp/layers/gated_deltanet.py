@@ -81,7 +81,10 @@ class GatedDeltaNet(nn.Module):
         conv_bias: bool = False,
         layer_idx: int | None = None,
         norm_eps: float = 1e-5,
+        **kwargs: object,
     ) -> None:
+        """Arguments as FLA's; like FLA's, other keywords (a model config's
+        ``fuse_norm=``, say) are taken and ignored."""
         super().__init__()
         _check_int("hidden_size", hidden_size)
         _check_int("head_dim", head_dim)
@@ -137,9 +140,15 @@ class GatedDeltaNet(nn.Module):
         kcp_context: KcpContext | None = None,
         workspace: WorkspaceKcp | None = None,
         kcp_options: OptionsKcp | None = None,
+        **kwargs: object,
     ) -> tuple[torch.Tensor, None, object]:
         """``hidden_states`` ``[B, T, hidden_size]``; ``cu_seqlens`` ``[N + 1]``
-        packs B = 1 rows of N documents. With ``kcp_context`` (a
+        packs B = 1 rows of N documents. ``attention_mask`` ``[B, T']`` (1 for
+        a token, 0 for padding, left or right; its last T columns are read,
+        as FLA reads them) runs the kept tokens of each row as one document of
+        a packed stream and pads the output back with zeros, as FLA's layer
+        does (its packing reads the mask on the host). Other keywords are
+        taken and ignored, as FLA's layer ignores them. With ``kcp_context`` (a
         :class:`~gdn_kcp.KcpContext`) the rows are this rank's range of the
         packed stream (``[1, T_r, hidden_size]``): the short convolutions read
         the previous ranks' last ``conv_size - 1`` rows of a crossing-in
@@ -155,14 +164,23 @@ class GatedDeltaNet(nn.Module):
         if use_cache or past_key_values is not None:
             raise ValueError("GatedDeltaNet computes training-mode math: decode caches (use_cache=True, "
                              "past_key_values) are not supported")
-        if attention_mask is not None:
-            raise ValueError("attention_mask (padding) is not supported: pack the batch and pass cu_seqlens")
         if kcp_context is not None and cu_seqlens is not None:
             raise ValueError("pass cu_seqlens or kcp_context, not both (the context holds the packing)")
         if kcp_context is not None and not isinstance(kcp_context, KcpContext):
             raise TypeError(f"kcp_context must be a KcpContext or None, got {type(kcp_context).__name__}")
         if workspace is not None and kcp_context is None:
             raise ValueError("workspace is for the KCP call: pass it with kcp_context")
+        if hidden_states.dim() != 3:
+            raise ValueError(f"hidden_states must be [B, T, hidden_size], got shape {tuple(hidden_states.shape)}")
+        packed = "cu_seqlens" if cu_seqlens is not None else "kcp_context" if kcp_context is not None else None
+        if packed and hidden_states.shape[0] != 1:
+            raise ValueError(f"with {packed} the batch is one packed row: hidden_states must be [1, T, hidden_size], "
+                             f"got B = {hidden_states.shape[0]}")
+        if attention_mask is not None:
+            if packed:
+                raise ValueError(f"attention_mask pads rows of a batch; with {packed} the stream is already packed: "
+                                 f"pack the batch's tokens into the stream instead of padding them")
+            return self._forward_padded(hidden_states, attention_mask)
         B, T, _ = hidden_states.shape
         x = hidden_states
         # q, k and v as one [B, T, 2 key_dim + value_dim] product and one convolution launch
@@ -185,6 +203,23 @@ class GatedDeltaNet(nn.Module):
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
+
+    def _forward_padded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
+        """Unpad with the mask (each row's kept tokens one document), run the
+        packed row, pad back with zeros."""
+        B, T, D = hidden_states.shape
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or \
+                attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+            raise ValueError(f"attention_mask must be a [B, T'] 0/1 tensor with B = {B} and T' >= T = {T} "
+                             f"(0 for padding), got {shape}")
+        keep = attention_mask[:, -T:].to(torch.bool).to(hidden_states.device)
+        indices = keep.reshape(-1).nonzero().squeeze(1)  # the kept tokens, row by row (a host read, as FLA's)
+        lengths = keep.sum(1)
+        cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        o, _, cache = self(hidden_states.reshape(B * T, D)[indices][None], cu_seqlens=cu_seqlens)
+        out = o.new_zeros(B * T, o.shape[-1]).index_copy(0, indices, o[0])
+        return out.view(B, T, -1), None, cache
 
     def kcp_options(self, options: OptionsKcp | None = None) -> OptionsKcp:
         """The options of this layer's ``gdn_kcp`` call: ``options`` checked
