@@ -78,7 +78,8 @@ FLA_KERNELS = {
                                    {"D": 128, "BD": 128, "NB": 8}, L2_CONFIGS),
     "chunk_local_cumsum_scalar_kernel": FlaKernel(
         "fla.ops.utils.cumsum", "chunk_local_cumsum_scalar_kernel", "s:bf16 o:fp32",
-        {"B": 1, "BT": CHUNK, "REVERSE": False, "HAS_SCALE": True, "HEAD_FIRST": False, **VARLEN}, CUMSUM_CONFIGS),
+        {"B": 1, "H": 32, "BT": CHUNK, "REVERSE": False, "HAS_SCALE": True, "HEAD_FIRST": False, **VARLEN},
+        CUMSUM_CONFIGS),
     "chunk_gated_delta_rule_fwd_kkt_solve_kernel": FlaKernel(
         "fla.ops.gated_delta_rule.chunk_fwd", "chunk_gated_delta_rule_fwd_kkt_solve_kernel",
         "k:bf16 g:fp32 beta:bf16 A:bf16", {"BT": CHUNK, "BC": 16, "USE_G": True, **VARLEN}, KKT_CONFIGS),
@@ -114,15 +115,17 @@ FLA_KERNELS = {
         {"BT": CHUNK, "BK": 64, "BV": 64, "USE_G": True, **VARLEN}, BWD_CONFIGS),
     "chunk_local_cumsum_scalar_kernel[reverse]": FlaKernel(
         "fla.ops.utils.cumsum", "chunk_local_cumsum_scalar_kernel", "s:fp32 o:fp32 scale:-",
-        {"B": 1, "BT": CHUNK, "REVERSE": True, "HAS_SCALE": False, "HEAD_FIRST": False, **VARLEN}, CUMSUM_CONFIGS),
+        {"B": 1, "H": 32, "BT": CHUNK, "REVERSE": True, "HAS_SCALE": False, "HEAD_FIRST": False, **VARLEN},
+        CUMSUM_CONFIGS),
     "l2norm_bwd_kernel": FlaKernel("fla.modules.l2norm", "l2norm_bwd_kernel", "y:bf16 rstd:fp32 dy:bf16 dx:bf16",
                                    {"D": 128, "BD": 128, "NB": 8}, L2_CONFIGS),
 }
 """fla-core 0.5.1's kernels of one ``chunk_gated_delta_rule`` forward and
 backward (the launch order is :func:`roofline.fla_launches`'), with the block
 sizes its host code picks on an H200 and its autotune lists there. ``NB``
-(l2norm's row blocks: ceil(rows / 65536)) is 8 at the full shape; it only
-sets a loop bound, so one compile serves every shape."""
+(l2norm's row blocks: ceil(rows / 65536)) is 8 at the full shape; it is an
+autotune key only (the kernel body does not read it), so one compile serves
+every shape. The gate cumsum's ``H`` is the value heads (its gate's heads)."""
 
 INDEX_POINTERS = ("cu_seqlens", "chunk_indices", "chunk_offsets")
 HEADS = {"H": 16, "HV": 32, "K": 128, "V": 128}

@@ -149,7 +149,9 @@ def time_paths(results, device, dims, dtype, bounds):
 
 def modelled_times(ctx, dims) -> dict:
     """The calibrated model's times at this packing (``roofline.compare`` on the
-    committed compile facts), beside the measured ones: one run recalibrates it."""
+    committed compile facts; walks as long as the longest document), beside
+    the measured ones. The model assumes CUDA-graph replays, the timings
+    here are eager (launch overheads included): compare with care."""
     import roofline
 
     estimates = roofline.compare(roofline.shape_of(ctx, *dims), roofline.load_facts())
@@ -454,7 +456,8 @@ def markdown(r: dict) -> str:
     for name, row in r.get("timing", {}).items():
         lines.append(f"- {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
     for name, row in r.get("model", {}).items():
-        lines.append(f"- {name}, the calibrated model's estimate: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
+        lines.append(f"- {name}, the calibrated model's estimate (CUDA-graph replays; the timings above are eager): "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
     if "fla_error" in r:
         lines.append(f"- fla not timed: {r['fla_error'].splitlines()[0]}")
     if "compile" in r:

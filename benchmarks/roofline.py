@@ -82,6 +82,7 @@ from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, wal
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import value_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
+from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 
 from gdn_kcp import OptionsKcp, build_kcp_context
 from gdn_kcp.plan import plan_segments, walk_launches
@@ -92,6 +93,7 @@ import fla_kernels  # noqa: E402  (benchmarks/fla_kernels.py: FLA 0.5.1's kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTS_FILE = Path(__file__).resolve().parent / "h200_facts.json"
+
 SOLVE_OPS = 6
 """fp32 ops per tile element in one row step of a forward substitution
 (row extraction: select, add; product: multiply, add; row insertion: select,
@@ -131,8 +133,10 @@ def kernel_flops(launches: list[Launch]) -> dict[str, float]:
 
 
 def shape_of(ctx, H_qk: int, HV: int, K: int, V: int) -> Shape:
-    """The model's shape for a one-rank context: its tokens, chunks and documents."""
-    return Shape(T=ctx.n_tokens, H=H_qk, HV=HV, K=K, V=V, NC=ctx.index.n_chunks, fragments=ctx.index.n_frag)
+    """The model's shape for a one-rank context: its tokens, chunks, documents
+    and the chunks of its longest document."""
+    return Shape(T=ctx.n_tokens, H=H_qk, HV=HV, K=K, V=V, NC=ctx.index.n_chunks, fragments=ctx.index.n_frag,
+                 longest=ctx.index.max_frag_chunks)
 
 
 # ---------------------------------------------------------------- shapes
@@ -147,10 +151,13 @@ class Shape:
     C: int = 64
     NC: int = 512  # chunks
     fragments: int = 1  # walks (documents on one rank)
+    longest: int = 0  # chunks of the longest fragment (0: NC / fragments, documents of equal length)
 
     @property
     def chunks_per_fragment(self) -> int:
-        return -(-self.NC // self.fragments)
+        """The steps of a walk: the longest fragment's chunks (every walk
+        program of a launch waits for the longest)."""
+        return self.longest or -(-self.NC // self.fragments)
 
 
 def full_shape() -> tuple[Shape, object, OptionsKcp]:
@@ -381,12 +388,14 @@ def fla_launches(s: Shape, configs: Mapping[str, Mapping] | None = None) -> list
 
 def best_fla_facts(s: Shape, fla_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200) -> dict[str, dict]:
     """Each FLA kernel's compile facts at the configuration of its list with
-    the least modelled time at shape ``s`` (summed over its launches)."""
+    the least modelled time at shape ``s`` (summed over its launches), among
+    those that can launch (shared memory within a block's
+    ``SHARED_MEMORY_LIMIT``: the autotuner prunes the others)."""
     best = {}
     for label, by_config in fla_facts.items():
         def cost(facts: Mapping) -> float:
             return sum(terms(launch, facts, m)["time"] for launch in fla_kernel_launches(s, label, facts["config"]))
-        best[label] = min(by_config.values(), key=cost)
+        best[label] = min((f for f in by_config.values() if f["shared"] <= SHARED_MEMORY_LIMIT), key=cost)
     return best
 
 
@@ -454,10 +463,10 @@ is fitted to."""
 
 
 def model_shape(T: int, docs: int, H: int, HV: int, K: int = 128, V: int = 128) -> Shape:
-    """``T`` tokens in ``docs`` documents of equal length (the last takes the rest)."""
-    per_doc = -(-T // docs)
-    lengths = [per_doc] * (T // per_doc) + ([T % per_doc] if T % per_doc else [])
-    return Shape(T=T, H=H, HV=HV, K=K, V=V, NC=sum(-(-L // 64) for L in lengths), fragments=len(lengths))
+    """``T`` tokens in ``docs`` documents of lengths as equal as can be."""
+    lengths = [T // docs + (i < T % docs) for i in range(docs)]
+    return Shape(T=T, H=H, HV=HV, K=K, V=V, NC=sum(-(-L // 64) for L in lengths), fragments=docs,
+                 longest=-(-max(lengths) // 64))
 
 
 def calibration_table(fla_facts: Mapping, m: Machine = H200) -> list[dict]:
@@ -496,7 +505,9 @@ def fit(fla_facts: Mapping, m: Machine = H200) -> Machine:
                     hi = b
                 else:
                     lo = a
-            best = replace(best, **{name: math.exp((lo + hi) / 2)})
+            candidate = replace(best, **{name: math.exp((lo + hi) / 2)})
+            if loss(candidate) < loss(best):
+                best = candidate
     return best
 
 
@@ -551,6 +562,20 @@ def our_estimate(facts: Mapping[str, Mapping], m: Machine = H200) -> dict:
 def compare(s: Shape, facts: Mapping, m: Machine = H200) -> dict:
     """Ours and FLA's estimates at shape ``s``."""
     return {"ours": estimate(our_shape_launches(s), facts["ours"], m), "fla": fla_estimate(s, facts["fla"], m)}
+
+
+def breakdown(results: Mapping) -> str:
+    """The README's sentence on where ours loses, from the estimate's rows (ms)."""
+    def ms(name: str, kernels: set, phase: str) -> float:
+        return sum(r["n"] * r["time"] for r in results[name]["rows"] if r["kernel"] in kernels and r["phase"] == phase) * 1e3
+
+    intra = {"chunk_gated_delta_rule_fwd_kkt_solve_kernel", "recompute_w_u_fwd_kernel"}
+    return (f"prep {ms('ours', {'prep_kernel'}, 'fwd'):.2f} ms in the forward against "
+            f"{ms('fla', intra, 'fwd'):.2f} ms for FLA's kkt + solve and W, U; the tape walk "
+            f"{ms('ours', {'tape_walk_kernel'}, 'fwd'):.2f} ms against FLA's "
+            f"{ms('fla', {'chunk_gated_delta_rule_fwd_kernel_h_blockdim64'}, 'fwd'):.2f} ms; bwd_dqkwg "
+            f"{ms('ours', {'bwd_dqkwg_kernel'}, 'bwd'):.2f} ms against FLA's "
+            f"{ms('fla', {'chunk_bwd_kernel_dqkwg'}, 'bwd'):.2f} ms")
 
 
 def main() -> None:

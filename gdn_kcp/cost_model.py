@@ -13,11 +13,14 @@ spill bytes per thread, the products' instruction class):
 - **Compute** = the launch's FLOPs at the peaks (tensor-core products at the
   bf16 / tf32 peak when the compile shows ``wgmma`` / ``mma``, everything else
   at the fp32 peak), times :data:`COMPUTE_EFFICIENCY`'s inverse, spread over
-  the busy SMs.
+  the busy SMs. ``mma`` (FLA's small configurations mostly compile to it) and
+  ``wgmma`` (ours do) share one peak and one efficiency: an assumption the
+  calibration cannot test, since its rows are FLA's.
 - **Memory** = the bytes (each tile a program reads or writes once, plus its
   spills: spill stores and loads per thread, times its threads, once per
   step of a walk and once otherwise) at :data:`MEMORY_EFFICIENCY` of
-  ``min(HBM, busy SMs x 64 B per clock)``.
+  ``min(HBM, busy SMs x 64 B per clock)``. Spills are charged at that rate
+  although a walk's may stay in L2: pessimistic for a spilling kernel.
 - **Overlap.** Programs sharing an SM hide each other's memory time under
   their compute: ``max(compute, memory) + min(compute, memory) / co``, ``co``
   the programs one SM holds at once (``min(r, ceil(programs / busy))``); a
@@ -174,7 +177,9 @@ def terms(launch: Launch, facts: Mapping | None, m: Machine = H200) -> dict:
     spills = spill_bytes(facts)
     bandwidth = m.memory_efficiency * min(m.hbm, busy * m.sm_bandwidth)
     compute = sum(f / r for f, r in zip(astuple(total)[:3], rates)) * m.sms / busy
-    memory = (total.bytes + launch.programs * spills * max(launch.steps, 1)) / bandwidth
+    chain = launch.steps and launch.work == launch.step * launch.steps  # a walk: all of its work is in its steps
+    step_spills = spills if chain else 0  # a walk reloads its spills every step; other programs once
+    memory = (total.bytes + launch.programs * (step_spills * launch.steps if chain else spills)) / bandwidth
     co = min(res, -(-launch.programs // busy))
     overlapped = max(compute, memory) + min(compute, memory) / co
     serial, waves = 0.0, None
@@ -184,8 +189,8 @@ def terms(launch: Launch, facts: Mapping | None, m: Machine = H200) -> dict:
         waves = math.ceil(launch.programs / in_flight)
         s = launch.step
         alone = m.sms * sum(f / r for f, r in zip(astuple(s)[:3], rates))  # one step's work at one SM's rates
-        step_bytes = (s.bytes + spills) / min(m.memory_efficiency * m.sm_bandwidth / sharing, bandwidth / in_flight)
+        step_bytes = (s.bytes + step_spills) / min(m.memory_efficiency * m.sm_bandwidth / sharing,
+                                                   bandwidth / in_flight)
         serial = waves * launch.steps * max(m.step_latency + alone, sharing * alone, step_bytes)
-    chain = launch.steps and launch.work == launch.step * launch.steps  # a walk: all of its work is in its steps
     return {"compute": compute, "memory": memory, "overlapped": overlapped, "serial": serial,
             "time": serial if chain else max(overlapped, serial), "resident": res, "waves": waves}

@@ -89,8 +89,10 @@ def walk_launches(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int) -
 
 def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms: int,
               machine: Machine = H200) -> float:
-    """Seconds of the forward's walks at P segments on ``n_sms`` SMs (the module's model)."""
-    m = replace(machine, sms=n_sms)
+    """Seconds of the forward's walks at P segments on ``n_sms`` SMs of the
+    model's machine (the module's model): its per-SM rates, ``n_sms`` of them."""
+    share = n_sms / machine.sms
+    m = replace(machine, sms=n_sms, bf16=machine.bf16 * share, tf32=machine.tf32 * share, fp32=machine.fp32 * share)
     return sum(terms(launch, facts, m)["time"]
                for launch, facts in walk_launches(P, chunks=chunks, frags=frags, HV=HV, K=K, V=V))
 
