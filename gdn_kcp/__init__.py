@@ -1,6 +1,7 @@
 """gdn_kcp: Gated DeltaNet training kernels with key-context parallelism.
 
-See README.md for the quick start and DESIGN.md for the contract.
+See README.md for the quick start, docs/api.md for the public names and
+docs/design.md for how it computes.
 """
 
 from gdn_kcp.chunk import chunk_gated_delta_rule

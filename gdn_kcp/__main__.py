@@ -1,16 +1,14 @@
 """``python -m gdn_kcp demo`` (the demo) and ``python -m gdn_kcp budget`` (bytes
-per rank before a launch); see README.md. Every argument is checked before
+per rank before a launch); see docs/api.md. Every argument is checked before
 anything runs or prints: a bad one exits with status 2 and a message naming it."""
 
 from __future__ import annotations
 
 import argparse
 
-from gdn_kcp.budget import add_arguments, run_budget
+from gdn_kcp.budget import BUDGET_DESCRIPTION, add_arguments, run_budget
 from gdn_kcp.cli_args import int_in, non_negative_int, positive_int
-from gdn_kcp.demo import run_demo
-from gdn_kcp.demo_kcp import run_kcp_demo
-from gdn_kcp.demo_lm import run_lm_demo
+from gdn_kcp.demo import run_demo, run_kcp_demo, run_lm_demo
 
 MAX_DEMO_RANKS = 64
 """The KCP demo starts one process per rank on this machine."""
@@ -18,11 +16,13 @@ MAX_DEMO_RANKS = 64
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and its two subcommand parsers (``"demo"``, ``"budget"``)."""
-    parser = argparse.ArgumentParser(prog="python -m gdn_kcp")
+    with_defaults = argparse.ArgumentDefaultsHelpFormatter  # every --help shows each argument's default
+    parser = argparse.ArgumentParser(prog="python -m gdn_kcp", formatter_class=with_defaults)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="KCP over R CPU processes against one rank, train a small GDN layer on CPU, then a "
-                     "GatedDeltaNet byte LM on the standard library's .py files with KCP over R processes"
+        "demo", formatter_class=with_defaults,
+        help="KCP over R CPU processes against one rank, train a small GDN layer on CPU, then a "
+             "GatedDeltaNet byte LM on the standard library's .py files with KCP over R processes"
     )
     demo.add_argument("--ranks", type=int_in(1, MAX_DEMO_RANKS), default=4,
                       help=f"processes of the KCP run (gloo), 1 to {MAX_DEMO_RANKS}")
@@ -36,7 +36,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     demo.add_argument("--lm-compile", action="store_true",
                       help="run the byte LM under torch.compile(fullgraph=True): one graph for every packing "
                            "(compiling takes minutes on 2 cores)")
-    budget = commands.add_parser("budget", help="bytes every rank will hold, from the byte queries")
+    budget = commands.add_parser("budget", formatter_class=with_defaults,
+                                 help="bytes every rank will hold, from the byte queries",
+                                 description=BUDGET_DESCRIPTION)
     add_arguments(budget)
     return parser, {"demo": demo, "budget": budget}
 

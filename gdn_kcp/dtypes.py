@@ -1,5 +1,5 @@
-"""The input dtypes and the dtype rules of every buffer, in one place (DESIGN
-§5.2): fp64 inputs compute (and keep tapes, states and boundary messages) in
+"""The input dtypes and the dtype rules of every buffer, in one place (docs/design.md,
+"Precision"): fp64 inputs compute (and keep tapes, states and boundary messages) in
 fp64, the oracle's precision; every other input dtype computes in fp32, and
 the buffers of :data:`INPUT_DTYPE_BUFFERS` are stored in the input dtype. Every
 byte query and ``WorkspaceKcp`` reads its ``dtype=`` through
@@ -44,7 +44,7 @@ rounded moves half the bytes and changes only the other reads: u in
 and dk that later programs complete in place (rounded twice), and the GVA sum
 of dq / dk (in fp32, over rounded terms). The programs that write a buffer keep
 using their fp32 values, the walks their fp32 states. Measured at bf16 against
-the fp64 oracle (tests/test_precision.py, the README's table; relative RMS,
+the fp64 oracle (tests/test_precision.py, the table of docs/api.md; relative RMS,
 with these buffers in fp32 -> in bf16): o 4.07e-3 -> 4.31e-3, final state
 2.06e-3 -> 2.33e-3, dq 3.95e-3 -> 4.49e-3, dk 4.26e-3 -> 5.19e-3, dv 3.96e-3 ->
 4.00e-3, dg 3.94e-3 -> 4.46e-3, dbeta 4.29e-3 -> 4.59e-3, d initial state

@@ -1,4 +1,4 @@
-"""OptionsKcp: every option of a KCP call, in one frozen dataclass (DESIGN.md §4),
+"""OptionsKcp: every option of a KCP call, in one frozen dataclass (docs/api.md, "Options"),
 and the save plan the options imply."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class OptionsKcp:
     exchange: ``"a2a"`` (owner slices, per rank one summary out and one state
         in, whatever R) or ``"ring"`` (state passed along each chain; no M on the
         wire, but the ranks of a long document wait on one another).
-    segments: intra-rank segments P (DESIGN.md §3): each fragment of more
+    segments: intra-rank segments P (docs/kcp.md, "Intra-rank segments"): each fragment of more
         than ``ceil(n / P)`` chunks (n: the rank's longest fragment) is walked
         as segments in parallel and composed (:mod:`gdn_kcp.kernels.segments`).
         ``None`` takes the plan (:func:`gdn_kcp.plan.plan_segments`, from the

@@ -25,7 +25,7 @@ launches (:func:`walk_launches`).
 
 Every fragment is costed as long as the longest (an upper bound). The plan
 takes the P in ``[1, min(64, n)]`` of least cost (the smaller on a 1 % tie).
-The README's table of the plan and tests/test_segments.py state what it picks.
+The table of the plan in docs/kcp.md and tests/test_segments.py state what it picks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fp64 naive recurrence: the oracle every program and gradient is checked against.
 
-Per value head, token by token (DESIGN.md §2):
+Per value head, token by token (docs/design.md, "The recurrence"):
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
     o_t = scale S_t^T q_t

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 CHUNK_SIZE = 64
-"""Chunk length C of the chunk form (DESIGN.md §2)."""
+"""Chunk length C of the chunk form (docs/design.md)."""
 
 CROSSING_IN = 1
 """Fragment flag: the document started on an earlier rank."""

@@ -1,4 +1,4 @@
-"""The precision rule of every matrix product, both backends (DESIGN.md §5.2):
+"""The precision rule of every matrix product, both backends (docs/design.md, "Precision"):
 
 - bf16 / fp16 inputs: the operands in the input dtype, fp32 accumulation
   (tensor cores); states and accumulators stay fp32;

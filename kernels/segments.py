@@ -1,4 +1,4 @@
-"""Intra-rank segments (DESIGN.md §3): each long fragment walked as P parallel pieces.
+"""Intra-rank segments (docs/kcp.md): each long fragment walked as P parallel pieces.
 
 With P > 1 every fragment of n chunks is cut at chunk boundaries into segments of
 ``L = ceil(max_frag_chunks / P)`` chunks (the last may be shorter), so the

@@ -1,4 +1,4 @@
-"""Capture once (DESIGN.md §5.1): a compiled training loop over a new packing
+"""Capture once (docs/design.md, "Capture once"): a compiled training loop over a new packing
 every step. Shared by the single-rank tests and the 2-rank gloo workers."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Three training steps on one reused WorkspaceKcp (2 gloo ranks, a document
-crossing the boundary): what the README says about later steps."""
+crossing the boundary): what docs/bytes.md says about later steps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Segment test cases (issue 12): packings whose ranks hold fragments of many
+"""Segment test cases (docs/kcp.md, "Intra-rank segments"): packings whose ranks hold fragments of many
 chunks, crossing in and out, a middle rank, an empty rank and zero-length
 documents; every P of each rank's range is checked against the single-rank run."""
 

@@ -1,4 +1,4 @@
-"""Capture once (DESIGN.md §5.1): torch.compile(fullgraph=True) over a new
+"""Capture once (docs/design.md, "Capture once"): torch.compile(fullgraph=True) over a new
 random packing every step adds no graph after the first, flat through
 chunk_gated_delta_rule and through gdn_kcp on capped contexts on one rank and
 on a 2-rank gloo group; compiled results equal eager every step. FakeTensor

@@ -1,4 +1,4 @@
-"""The precision rule (DESIGN.md §5.2, :mod:`gdn_kcp.kernels.precision`): bf16
+"""The precision rule (docs/design.md, "Precision"; :mod:`gdn_kcp.kernels.precision`): bf16
 inputs multiply bf16 operands with fp32 accumulation, fp32 inputs follow
 ``torch.get_float32_matmul_precision()``, fp64 stays fp64. The whole op on the
 Triton programs (interpreter) at bf16 against the fp64 oracle, in the
@@ -21,7 +21,7 @@ BOUNDS = [0, 70, 71, 200, 333]
 # flash-linear-attention's chunk GDN tests (relative RMS, its get_err_ratio, at bf16/fp16):
 # o and the final state 0.005, dq/dk/dv and dh0 0.008, dbeta and dg 0.02.
 FLA_CLASS = {"o": 0.005, "final_state": 0.005, "dq": 0.008, "dk": 0.008, "dv": 0.008, "dg": 0.02, "dbeta": 0.02,
-             "d_initial_state": 0.008}  # in the order of the README's table
+             "d_initial_state": 0.008}  # in the order of the table in docs/api.md
 
 
 def run(backend: str | None, dtype: torch.dtype):
@@ -51,13 +51,13 @@ def run(backend: str | None, dtype: torch.dtype):
 def test_bf16_whole_op_against_the_fp64_oracle(backend):
     """Forward and backward at bf16 (products on bf16 operands, fp32 states)
     against the fp64 oracle on the same inputs: every output and gradient
-    within FLA's relative-RMS class (measured: 8.5e-4 to 5.2e-3; see the README)."""
+    within FLA's relative-RMS class (measured: 8.5e-4 to 5.2e-3; see docs/api.md)."""
     ours, oracle = run(backend, torch.bfloat16), run(None, torch.bfloat16)
     errors = {name: rel_rms(ours[name], oracle[name]) for name in FLA_CLASS}
     print(backend, {k: f"{v:.1e}" for k, v in errors.items()})
     bad = {name: err for name, err in errors.items() if not err < FLA_CLASS[name]}
     assert not bad, (errors, bad)
-    stated = readme_figures()  # the README's table states these figures (to 10 %)
+    stated = stated_figures()  # docs/api.md's table states these figures (to 10 %)
     assert all(abs(errors[name] - stated[name]) <= 0.1 * stated[name] for name in FLA_CLASS), (errors, stated)
 
 
@@ -103,11 +103,11 @@ def test_fp16_zero_rows_under_the_norm_stay_finite(backend):
         assert rel_rms(ours, oracle) < 2e-3, rel_rms(ours, oracle)
 
 
-def readme_figures() -> dict[str, float]:
-    """The "measured" row of the README's precision table, by output name."""
-    from readme_tables import README
+def stated_figures() -> dict[str, float]:
+    """The "measured" row of the precision table of docs/api.md, by output name."""
+    from doc_tables import doc
 
-    row = next(line.strip() for line in README.read_text().splitlines() if line.strip().startswith("| measured |"))
+    row = next(line.strip() for line in doc("api.md").splitlines() if line.strip().startswith("| measured |"))
     return dict(zip(FLA_CLASS, (float(cell) for cell in row.strip("|").split("|")[1:])))
 
 

@@ -2,7 +2,7 @@
 use_qk_l2norm, context or malformed inputs makes every rank raise a ValueError
 naming the field, instead of leaving the other ranks in a collective until the
 timeout; matching inputs give the same result at the cost of one all_gather of
-the size the README states."""
+the size docs/troubleshooting.md states."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gdn_kcp import build_kcp_context, gdn_kcp
 from gdn_kcp.context import context_from_split
 from gdn_kcp.rank_check import ENV_VAR, check_ranks_agree, check_ranks_enabled
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+TROUBLESHOOTING = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
 BOUNDS = [0, 40, 130, 200]  # the middle document crosses the default split at 100
 T, H_qk, HV, K, V = 200, 1, 2, 16, 16
 
@@ -53,7 +53,7 @@ def _every_rank_raises(rank: int, R: int) -> None:
             results[switch] = _forward_backward(ctx, mine)
         assert all_gather.call_count == int(switch), (switch, all_gather.call_count)
     gathered = all_gather.call_args.args[1]
-    stated = re.search(r"one all-gather of a `\[(\d+)\]` int64 tensor", README.read_text())
+    stated = re.search(r"one all-gather of a `\[(\d+)\]` int64 tensor", TROUBLESHOOTING.read_text())
     assert stated and gathered.dtype == torch.int64 and gathered.numel() == int(stated[1]), gathered.shape
     for off, on in zip(results["0"], results["1"]):
         assert torch.equal(off, on)

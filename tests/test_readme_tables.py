@@ -1,11 +1,13 @@
-"""Every row of README.md's byte-query tables agrees with the queries: the
-formula evaluated at the example, the figure printed, and the query's bytes."""
+"""Every row of the byte-query tables of docs/bytes.md (and the cost-of-caps
+table of docs/compile.md) agrees with the queries: the formula evaluated at the
+example, the figure printed, and the query's bytes. (The file keeps its name:
+make mutate runs it by name.)"""
 
 from __future__ import annotations
 
 import pytest
 from arena_cases import valid_options
-from readme_tables import (
+from doc_tables import (
     EXAMPLE_DTYPE,
     EXAMPLE_SHAPES,
     evaluate,
@@ -84,6 +86,6 @@ def test_every_pool_and_saved_tensor_has_a_row():
 
 def test_caps_cost_table():
     """The cost-of-caps table is what the byte queries give today."""
-    from readme_tables import caps_cost_rows
+    from doc_tables import caps_cost_rows
 
     assert table_rows("caps-cost")[1:] == caps_cost_rows()  # below the header row

@@ -3,7 +3,7 @@ estimate: the time rule on hand-counted cases, launches of tiny shapes
 counted by hand, the program sequence it assumes against the host path's,
 the calibration (every measured row within 20 %, the stored constants equal
 to a refit), the committed compile facts against the kernel sources and the
-plan's constants, and the README's figures (nothing is compiled here: the
+plan's constants, and the figures of docs/cuda.md and the README (nothing is compiled here: the
 facts are benchmarks/h200_facts.json)."""
 
 from __future__ import annotations
@@ -229,13 +229,14 @@ def test_facts_are_the_kernels_and_the_plans():
 
 
 def test_readme_states_the_estimates():
-    """The README's figures for ours and FLA at the full shape, and its
-    calibration table, are the script's."""
-    from readme_tables import README
+    """The figures of docs/cuda.md for ours and FLA at the full shape, and its
+    calibration table, are the script's; so is the ratio the README's status
+    states."""
+    from doc_tables import README, doc
 
     facts = roofline.load_facts()
     results = roofline.compare(roofline.Shape(), facts)
-    text = README.read_text()
+    text = doc("cuda.md")
     for name in ("ours", "FLA"):
         r = results[name.lower()]
         stated = f"{name} {r['total_ms']:.2f} ms (forward {r['forward_ms']:.2f}, backward {r['backward_ms']:.2f})"
@@ -244,6 +245,18 @@ def test_readme_states_the_estimates():
     assert f"**ours is {ratio:.1f}x slower**" in text
     assert f"Where: {roofline.breakdown(results)}." in text
     assert roofline.calibration_markdown(roofline.calibration_table(facts["fla"])) in text
+    assert f"**{ratio:.1f}x FLA's time**" in README.read_text()
+
+
+def test_readme_and_docs_state_the_walk_over_segments():
+    """The table of the forward walk over P in docs/cuda.md is the script's
+    walk_latency_table (the committed compile facts)."""
+    from doc_tables import doc
+
+    text = doc("cuda.md")
+    for row in roofline.walk_latency_table(roofline.load_facts()["ours"]):
+        line = f"| {row['P']} | {row['HV=32']:,.0f} | {row['HV=4']:,.0f} | {row[roofline.STEPS_ALONE]:,.0f} |"
+        assert line in text, line
 
 
 def test_gpu_check_rates_and_ratios_come_from_the_model():

@@ -25,7 +25,7 @@ SPILL_LIMIT = 1024
 EXACT_PRODUCTS = {"compose_segments_kernel", "compose_segments_kernel[M]", "compose_adjoints_kernel"}
 """Kernels whose ``tl.dot`` is exact fp32 (``input_precision="ieee"``), so not on
 tensor cores: the compositions of segments multiply states and M, which stay
-fp32 (DESIGN.md §2: every M and every state that crosses a boundary), never
+fp32 (docs/design.md, "Precision": every M and every state that crosses a boundary), never
 rounded to bf16 or tf32 operands."""
 WITH_PRODUCTS = {"prep_kernel", "tape_walk_kernel", "summary_walk_kernel", "summary_walk_kernel[M]", "output_kernel",
                  "bwd_local_dv_kernel", "adjoint_walk_kernel", "adjoint_summary_kernel", "bwd_dqkwg_kernel",
@@ -63,21 +63,21 @@ def test_every_kernel_compiles_for_sm90_on_tensor_cores_within_shared_memory_and
     spilling = {r["kernel"]: r["spill_stores"] for r in rows if r["spill_stores"] > SPILL_LIMIT}
     assert not spilling, spilling
     assert all(r["registers"] > 0 for r in rows), rows  # ptxas ran for every kernel (its log was read)
-    readme_rows = readme_kernel_table()
-    if readme_rows is not None:  # the README's table states these figures (its triton's ptxas)
-        assert readme_rows == {r["kernel"]: (r["products"], r["registers"], r["spill_stores"], r["shared"],
+    stated_rows = stated_kernel_table()
+    if stated_rows is not None:  # docs/cuda.md's table states these figures (its triton's ptxas)
+        assert stated_rows == {r["kernel"]: (r["products"], r["registers"], r["spill_stores"], r["shared"],
                                              r["num_warps"]) for r in rows}
 
 
-def readme_kernel_table() -> dict | None:
-    """The README's sm_90 kernel table (the one after "ptxas of triton X, sm_90")
+def stated_kernel_table() -> dict | None:
+    """The sm_90 kernel table of docs/cuda.md (the one after "ptxas of triton X, sm_90")
     by kernel name, or None when the installed triton is not X."""
     import re
 
     import triton
-    from readme_tables import README
+    from doc_tables import doc
 
-    lines = README.read_text().splitlines()
+    lines = doc("cuda.md").splitlines()
     marker = next((i for i, line in enumerate(lines) if re.search(r"ptxas of triton \S+, sm_90", line)), None)
     if marker is None or re.search(r"ptxas of triton (\S+), sm_90", lines[marker])[1] != triton.__version__:
         return None

@@ -50,15 +50,19 @@ TEST_MAP = {
     "kernels/torch/compose_segments.py": ("tests/test_segments.py",),
     "kernels/torch/adjoint_segment_summary.py": ("tests/test_segments.py",),
     "kernels/torch/compose_adjoints.py": ("tests/test_segments.py",),
+    "kernels/torch/tape_walk.py": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_segments.py"),
+    "kernels/torch/adjoint_walk.py": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py",
+                                      "tests/test_segments.py"),  # the walks' carry planes: segments only
     "kernels/torch/": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_wy_inverse.py"),
     "kernels/triton/short_conv.py": ("tests/test_short_conv.py",),
     "kernels/triton/prep.py": ("tests/test_wy_inverse.py", "tests/test_triton_programs.py"),
+    "kernels/triton/_common.py": ("tests/test_triton_programs.py", "tests/test_gate_keywords.py"),  # the gate loads
     "kernels/triton/": ("tests/test_triton_programs.py",),
     "kernels/segments.py": ("tests/test_segments.py",),
     "kernels/precision.py": ("tests/test_precision.py", "tests/test_programs.py"),
     "kernels/": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py"),
     "gdn_kcp/host/segments.py": ("tests/test_segments.py",),
-    "gdn_kcp/host/": ("tests/test_chunk_vs_oracle.py", "tests/test_kcp_multirank.py"),
+    "gdn_kcp/host/": ("tests/test_chunk_vs_oracle.py", "tests/test_gate_keywords.py", "tests/test_kcp_multirank.py"),
     "gdn_kcp/exchange/": ("tests/test_kcp_multirank.py",),
     "gdn_kcp/layers/short_conv.py": ("tests/test_short_conv.py", "tests/test_layer.py"),
     "gdn_kcp/layers/": ("tests/test_layer.py", "tests/test_layer_kcp.py"),
@@ -289,8 +293,10 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=64, help="mutants to draw (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     parser.add_argument("--list", action="store_true", help="list the sample (with --all: every candidate) and stop")
-    parser.add_argument("--all", action="store_true", help="with --list: every candidate of every file")
-    parser.add_argument("--only", help="run the sampled mutants whose description holds this text")
+    parser.add_argument("--all", action="store_true",
+                        help="every candidate of every file instead of the sample (with --only: rerun named mutants)")
+    parser.add_argument("--only", action="append",
+                        help="run the mutants whose description holds this text (repeatable)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per mutant's tests (default 600)")
     args = parser.parse_args()
     root = mutate_queries.CHECKOUT
@@ -305,7 +311,9 @@ def main() -> int:
         mutate_queries.ROOT = copy
         mutate_queries.QUERIES = copy / "gdn_kcp" / "queries"
         mutate_queries.copy_checkout(copy)
-        mutants = [m for m in sample(copy, args.sample, args.seed) if args.only is None or args.only in m.what]
+        pool = ([m for path in source_files(copy) for m in file_mutants(copy, path)] if args.all
+                else sample(copy, args.sample, args.seed))
+        mutants = [m for m in pool if args.only is None or any(text in m.what for text in args.only)]
         return report(run(mutants, copy, args.timeout))
 
 

@@ -1,4 +1,4 @@
-"""Boundary exchanges of a KCP call (DESIGN.md §3).
+"""Boundary exchanges of a KCP call (docs/kcp.md).
 
 Forward: every rank with a crossing-out fragment contributes its summary
 ``(M, S_loc)``; every rank with a crossing-in fragment gets its true start

@@ -1,4 +1,4 @@
-"""Intra-rank segments on the host path (DESIGN.md §3, :mod:`gdn_kcp.kernels.segments`).
+"""Intra-rank segments on the host path (docs/kcp.md, :mod:`gdn_kcp.kernels.segments`).
 
 Phase 1 binds the tables and every summary row's ``[S | M]``; phase 2 composes
 them into the carry planes (and into the KCP summary or ``nu`` of a crossing

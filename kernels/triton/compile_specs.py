@@ -201,7 +201,7 @@ def report(arch: int, K: int = 128, V: int = 128) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    """The README's table: products, registers, spill stores (B/thread), shared memory, warps."""
+    """The compile table of docs/cuda.md: products, registers, spill stores (B/thread), shared memory, warps."""
     lines = ["| kernel | products | registers | spill stores (B/thread) | shared (B) | warps |",
              "|---|---|---:|---:|---:|---:|"]
     for r in rows:

@@ -5,7 +5,7 @@ order, ``X_p+1 = M_p X_p + S_p`` from its start state; one program per
 
 The products are exact in the compute dtype (``input_precision="ieee"``, fp32
 FMA, not tensor cores): the states and M are never rounded to bf16 or tf32
-(DESIGN.md §2, every M and every state that crosses a boundary stays fp32),
+(docs/design.md: every M and every state that crosses a boundary stays fp32),
 and an error in a carry reaches every later segment of the fragment.
 """
 

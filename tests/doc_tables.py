@@ -1,5 +1,6 @@
-"""Reads the byte-query tables of README.md and evaluates their formulas; the
-README tie test and the table writer share it."""
+"""Reads the tables of README.md and docs/*.md (each after its ``<!-- marker -->``,
+wherever it lives) and evaluates the byte-query formulas; the table tests and
+the tests that tie other figures to the docs share it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,23 @@ from gdn_kcp.context import context_from_split, default_ranges
 from gdn_kcp.plan import segments_for
 from gdn_kcp.queries.layout import align
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+DOC_FILES = (README, *sorted(DOCS.glob("*.md")))
+"""Every file whose tables, figures and python blocks the tests read."""
+
+
+def doc(name: str) -> str:
+    """The text of ``docs/{name}``."""
+    return (DOCS / name).read_text()
+
+
+def marked_text(marker: str) -> str:
+    """The text of the one file of DOC_FILES that holds ``<!-- marker -->``."""
+    holders = [path for path in DOC_FILES if f"<!-- {marker} -->" in path.read_text()]
+    assert len(holders) == 1, (marker, holders)
+    return holders[0].read_text()
 EXAMPLE_RANK, EXAMPLE_R, EXAMPLE_T = 1, 5, 40960
 EXAMPLE_SHAPES = dict(H_qk=16, HV=48, K=128, V=128)
 
@@ -36,8 +53,8 @@ def symbols(options: OptionsKcp) -> dict[str, object]:
 
 
 def table_rows(marker: str) -> list[list[str]]:
-    """The rows of the markdown table after ``<!-- marker -->`` in README.md."""
-    text = README.read_text()
+    """The rows of the markdown table after ``<!-- marker -->``."""
+    text = marked_text(marker)
     start = text.index(f"<!-- {marker} -->")
     rows = []
     for line in text[start:].splitlines()[1:]:
@@ -53,14 +70,14 @@ def table_rows(marker: str) -> list[list[str]]:
 
 
 def paragraph_before(marker: str) -> str:
-    """The paragraph right above ``<!-- marker -->`` in README.md, on one line."""
-    text = README.read_text()
+    """The paragraph right above ``<!-- marker -->``, on one line."""
+    text = marked_text(marker)
     above = text[: text.index(f"<!-- {marker} -->")].rstrip().split("\n\n")[-1]
     return " ".join(above.split())
 
 
 def example_label() -> str:
-    """How README.md names the example a table of figures was computed at, from
+    """How docs/bytes.md names the example a table of figures was computed at, from
     the constants the tests compute it at."""
     shapes = EXAMPLE_SHAPES
     assert shapes["K"] == shapes["V"] and EXAMPLE_DTYPE == torch.bfloat16
@@ -86,13 +103,13 @@ EXAMPLE_DTYPE = torch.bfloat16
 
 
 CAPS_EXAMPLE = dict(T=32768, R=4, n_docs=16, seed=0, max_docs=64)
-"""The README's cost-of-caps table: ``python -m gdn_kcp budget --ranks 4 --n-docs 16``
+"""The cost-of-caps table of docs/compile.md: ``python -m gdn_kcp budget --ranks 4 --n-docs 16``
 with and without ``--max-docs 64`` (bf16, H_qk = 16, HV = 32, K = V = 128, default options)."""
 
 
 def caps_cost_rows() -> list[list[str]]:
     """Per rank: workspace and comm bytes sent (c1 + c2 + b1 + b2) of the exact
-    context and of the capped one, as the README prints them."""
+    context and of the capped one, as docs/compile.md prints them."""
     import random
 
     from gdn_kcp import gdn_comm_bytes_kcp, gdn_workspace_bytes_kcp

@@ -1,0 +1,52 @@
+"""The ```python blocks of README.md and docs/*.md, each under the heading it
+follows (any level; headings are read outside code fences only, since a
+python comment also starts with ``#``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from doc_tables import DOC_FILES, ROOT
+
+
+def headed_blocks(path: Path) -> list[tuple[str, str]]:
+    """``(heading, code)`` of every python block of ``path``, in order."""
+    heading, blocks, fence, code = "", [], None, []
+    for line in path.read_text().splitlines(keepends=True):
+        if fence is None:
+            match = re.match(r"^(#{1,6}) (.+)$", line)
+            if match:
+                heading = match[2].strip()
+            elif line.startswith("```"):
+                fence, code = line[3:].strip(), []
+        elif line.startswith("```"):
+            if fence == "python":
+                blocks.append((heading, "".join(code)))
+            fence = None
+        else:
+            code.append(line)
+    return blocks
+
+
+def python_blocks(file: str, heading: str) -> list[str]:
+    """The python blocks under ``heading`` in ``file`` (relative to the repository root)."""
+    return [code for found, code in headed_blocks(ROOT / file) if found == heading]
+
+
+def every_block() -> dict[tuple[str, str], int]:
+    """How many python blocks each ``(file, heading)`` of README.md and docs/*.md holds."""
+    counts: dict[tuple[str, str], int] = {}
+    for path in DOC_FILES:
+        for heading, _ in headed_blocks(path):
+            key = (str(path.relative_to(ROOT)), heading)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def run_block(file: str, heading: str, index: int = 0, namespace: dict | None = None) -> dict[str, object]:
+    """Execute one block as a script would run it; returns its namespace."""
+    namespace = {"__name__": "doc_block"} if namespace is None else namespace
+    code = python_blocks(file, heading)[index]
+    exec(compile(code, f"{file} # {heading}, block {index + 1}", "exec"), namespace)
+    return namespace
