@@ -81,7 +81,7 @@ if __name__ == "__main__":  # before triton is imported: compile for real, ptxas
 import torch
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
-from gdn_kcp.kernels.triton._common import value_block
+from gdn_kcp.kernels.triton._common import value_block, walk_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 
@@ -188,8 +188,8 @@ options (host/forward.py, host/backward.py; tests/test_roofline.py checks it).""
 def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
     """Every Triton launch of OUR_PROGRAMS; ``e``: bytes per element of each pool."""
     C, K, V, HV, H, NC = s.C, s.K, s.V, s.HV, s.H, s.NC
-    BV, BC = value_block(V), INVERSE_BLOCK
-    NV, G, n = -(-V // BV), HV // H, BF16
+    BV, BC, BW = value_block(V), INVERSE_BLOCK, walk_block(V)  # BW: the tape and adjoint walks' value tile
+    NV, NW, G, n = -(-V // BV), -(-V // BW), HV // H, BF16
     qk = 2 * C * K * n + 2 * C * e["q_rstd"]  # q and k rows of a chunk, with their norms
 
     def prep(phase: str) -> list[Launch]:
@@ -204,9 +204,9 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
         return [norm, norm, Launch(phase, "prep_kernel", NC * HV, work, steps, Work(fp32=SOLVE_OPS * C * C))]
 
     def tape_walk(phase: str) -> list[Launch]:
-        step = Work(bf16=2 * (2 * C * K * BV), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
-                    + 2 * C * BV * e["v_new"] + K * BV * e["h"])
-        return [walk(phase, "tape_walk_kernel", s.fragments * HV * NV, s.chunks_per_fragment, step)]
+        step = Work(bf16=2 * (2 * C * K * BW), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
+                    + 2 * C * BW * e["v_new"] + K * BW * e["h"])
+        return [walk(phase, "tape_walk_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
 
     def output(phase: str) -> list[Launch]:
         work = Work(bf16=2 * C * C * K + 2 * C * K * BV + 2 * C * C * BV,
@@ -218,9 +218,9 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
         return [Launch(phase, "bwd_local_dv_kernel", NC * HV, work)]
 
     def adjoint_walk(phase: str) -> list[Launch]:
-        step = Work(bf16=3 * (2 * C * K * BV), bytes=qk + C * n + C * K * e["w"] + C * BV * n
-                    + 2 * C * BV * e["dv_new"] + K * BV * e["dh"])
-        return [walk(phase, "adjoint_walk_kernel", s.fragments * HV * NV, s.chunks_per_fragment, step)]
+        step = Work(bf16=3 * (2 * C * K * BW), bytes=qk + C * n + C * K * e["w"] + C * BW * n
+                    + 2 * C * BW * e["dv_new"] + K * BW * e["dh"])
+        return [walk(phase, "adjoint_walk_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
 
     def bwd_dqkwg(phase: str) -> list[Launch]:
         # dO Vn^T; the state terms of dq, dk, dw; the score terms of dq, dk and QK^T

@@ -38,21 +38,25 @@ from gdn_kcp.cost_model import H200, Launch, Machine, Work, terms, walk
 from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
-WALK_VALUE_TILE = 64
-"""Value columns per walk program (``kernels.triton._common.value_block``)."""
+WALK_VALUE_TILE = 32
+"""Value columns per tape-walk program (``kernels.triton._common.walk_block``)."""
+
+SEGMENT_VALUE_TILE = 32
+"""Value columns per phase-1 program, over the V + K columns of ``[S | M]``
+(``kernels.triton._common.walk_block``)."""
 
 COMPOSE_VALUE_TILE = 16
 """Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
 its exact fp32 products stay in registers at 16 columns)."""
 
-WALK_FACTS = {"products": "wgmma", "num_warps": 4, "registers": 255, "shared": 33_076, "spill_stores": 1_772,
-              "spill_loads": 2_020}
+WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 24_852, "spill_stores": 92,
+              "spill_loads": 88}
 """Compile facts of the tape walk (sm_90, bf16, K = V = 128, triton 3.6: the
 committed ``benchmarks/h200_facts.json``, which a test ties to these): 255
-registers x 4 warps, two programs per SM, and the spills its steps reload."""
+registers x 8 warps, one program per SM, and the spills its steps reload."""
 
-SEGMENT_FACTS = {"products": "wgmma", "num_warps": 4, "registers": 255, "shared": 33_044, "spill_stores": 1_316,
-                 "spill_loads": 1_348}
+SEGMENT_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 24_832, "spill_stores": 112,
+                 "spill_loads": 84}
 """The segment summary's (phase 1) compile facts, as :data:`WALK_FACTS`."""
 
 COMPOSE_FACTS = {"products": "fma", "num_warps": 8, "registers": 245, "shared": 17_408, "spill_stores": 0,
@@ -78,10 +82,11 @@ def walk_launches(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int) -
     if P == 1:
         return [(walk("fwd", "tape_walk_kernel", F * HV * tiles, chunks, tape), WALK_FACTS)]
     steps = -(-chunks // P)
-    summary = replace(products, bytes=2 * C * K * 2 + C * (4 + 2) + C * BV * 2)
+    SB = min(SEGMENT_VALUE_TILE, V)  # phase 1's value tile
+    summary = Work(bf16=2 * (2 * C * K * SB), bytes=2 * C * K * 2 + C * (4 + 2) + C * SB * 2)
     BC = min(COMPOSE_VALUE_TILE, V)
     compose = Work(fp32=2 * K * K * BC, bytes=(K * K + 2 * K * BC) * 4)
-    return [(walk("fwd", "segment_summary_kernel", F * P * HV * -(-(V + K) // WALK_VALUE_TILE), steps, summary),
+    return [(walk("fwd", "segment_summary_kernel", F * P * HV * -(-(V + K) // SEGMENT_VALUE_TILE), steps, summary),
              SEGMENT_FACTS),
             (walk("fwd", "compose_segments_kernel", F * HV * -(-V // BC), P, compose), COMPOSE_FACTS),
             (walk("fwd", "tape_walk_kernel", F * P * HV * tiles, steps, tape), WALK_FACTS)]

@@ -38,16 +38,16 @@ class PinnedPrintouts(expecttest.TestCase):
         self.assertExpectedInline(budget(SMALL + " --layers 4"), """\
 budget: T = 1000 tokens in 3 documents over R = 3 ranks; H_qk = 2, HV = 4, K = 64, V = 64, bf16 inputs
   OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', segments=None, use_qk_l2norm=False, with_conv=False, conv_size=4)
-  segments: the plan's P = 4 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
+  segments: the plan's P = 1 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
 rank  tokens       workspace  saved per layer   states  comm sent  comm recv  model, N = 4
-   0  [0, 500)     2,728,704                0  327,680    163,840    163,840     2,728,704
+   0  [0, 500)     2,134,016                0  327,680    163,840    163,840     2,134,016
    1  [500, 500)      65,536                0        0     65,536     65,536        65,536
-   2  [500, 1000)  2,335,232           98,304   65,536    163,840    163,840     2,728,448
- max               2,728,704           98,304  327,680    163,840    163,840     2,728,704
+   2  [500, 1000)  2,068,480           98,304   65,536    163,840    163,840     2,461,696
+ max               2,134,016           98,304  327,680    163,840    163,840     2,461,696
 
-model of 4 layers (--layers), per rank: N x saved per layer + one workspace; at most 2,728,704 B (2.60 MiB), on rank 0
+model of 4 layers (--layers), per rank: N x saved per layer + one workspace; at most 2,461,696 B (2.35 MiB), on rank 2
 traffic of 4 layers per training step, per rank: N x comm sent; at most 655,360 B (0.62 MiB), on rank 0
 """)
 
@@ -55,24 +55,24 @@ traffic of 4 layers per training step, per rank: N x comm sent; at most 655,360 
         self.assertExpectedInline(budget(SMALL + " --layers 4 --with-conv --conv-size 3"), """\
 budget: T = 1000 tokens in 3 documents over R = 3 ranks; H_qk = 2, HV = 4, K = 64, V = 64, bf16 inputs
   OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', segments=None, use_qk_l2norm=False, with_conv=True, conv_size=3)
-  segments: the plan's P = 4 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
+  segments: the plan's P = 1 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
 rank  tokens       workspace  saved per layer   states  comm sent  comm recv  model, N = 4
-   0  [0, 500)     2,728,704            2,048  327,680    167,936    167,936     2,736,896
+   0  [0, 500)     2,134,016            2,048  327,680    167,936    167,936     2,142,208
    1  [500, 500)      65,536            2,048        0     73,728     73,728        73,728
-   2  [500, 1000)  2,335,232          100,352   65,536    167,936    167,936     2,736,640
- max               2,728,704          100,352  327,680    167,936    167,936     2,736,896
+   2  [500, 1000)  2,068,480          100,352   65,536    167,936    167,936     2,469,888
+ max               2,134,016          100,352  327,680    167,936    167,936     2,469,888
 
-model of 4 layers (--layers), per rank: N x saved per layer + one workspace; at most 2,736,896 B (2.61 MiB), on rank 0
+model of 4 layers (--layers), per rank: N x saved per layer + one workspace; at most 2,469,888 B (2.36 MiB), on rank 2
 traffic of 4 layers per training step, per rank: N x comm sent; at most 671,744 B (0.64 MiB), on rank 0
 """)
 
     def test_detail(self):
-        self.assertExpectedInline(budget("budget --docs 100,60 --ranks 2 --hq 1 --hv 2 --k 16 --v 16 --detail"), """\
+        self.assertExpectedInline(budget("budget --docs 100,60 --ranks 2 --hq 1 --hv 2 --k 16 --v 16 --segments 2 --detail"), """\
 budget: T = 160 tokens in 2 documents over R = 2 ranks; H_qk = 1, HV = 2, K = 16, V = 16, bf16 inputs
-  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', segments=None, use_qk_l2norm=False, with_conv=False, conv_size=4)
-  segments: the plan's P = 2 on 132 SMs (longest fragment 2 chunks, at most 2 fragments per rank; gdn_kcp.plan), taken
+  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', segments=2, use_qk_l2norm=False, with_conv=False, conv_size=4)
+  segments: the plan's P = 1 on 132 SMs (longest fragment 2 chunks, at most 2 fragments per rank; gdn_kcp.plan), --segments 2 given
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
 rank  tokens     workspace  saved per layer  states  comm sent  comm recv  model, N = 1

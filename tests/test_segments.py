@@ -89,8 +89,9 @@ def test_plan_cost_model():
     """The documented model on one document of 32,768 tokens (n = 512 chunks),
     K = V = 128, 132 SMs, with the walks' compile facts (their spills reloaded
     every step): at HV = 32 the tape walk is HBM-bound and segments only add
-    phase 1's reads: P = 1; at HV = 4 its 8 programs are each bound by one
-    SM's bandwidth, and segments spread them: P = 5 at under half the time."""
+    phase 1's reads: P = 1; at HV = 4 its 16 programs are each bound by their
+    steps' latency and work, and segments spread them: P = 4 at three
+    quarters of the time."""
     import math
     from dataclasses import replace
 
@@ -99,17 +100,19 @@ def test_plan_cost_model():
     from gdn_kcp.plan import WALK_FACTS, plan_segments, tape_step_bytes, walk_cost
 
     shape = dict(chunks=512, frags=1, K=128, V=128, n_sms=132)
-    assert tape_step_bytes(128, 128) == 65920
+    assert tape_step_bytes(128, 128) == 49536  # value tiles of 32
     spills = (WALK_FACTS["spill_stores"] + WALK_FACTS["spill_loads"]) * 32 * WALK_FACTS["num_warps"]
-    step = 65920 + spills  # bytes one walk program moves per step
+    step = 49536 + spills  # bytes one walk program moves per step
     eta = H200.memory_efficiency
-    assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * step * 64 / (4.8e12 * eta))  # 3,764 us
-    assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(9206, abs=1)
-    assert walk_cost(1, HV=4, **shape) == pytest.approx(512 * step / (64 * 1.83e9 * eta))  # 2,410 us
-    assert walk_cost(5, HV=4, **shape) * 1e6 == pytest.approx(1178, abs=1)
+    assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * step * 128 / (4.8e12 * eta))  # 1,305 us
+    assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(3868, abs=1)
+    products = 2 * (2 * 64 * 128 * 32) / (H200.bf16 / 132 * H200.compute_efficiency)  # one step's, one SM
+    assert step / (64 * 1.83e9 * eta) < H200.step_latency + products  # 16 programs: bound by latency and work
+    assert walk_cost(1, HV=4, **shape) == pytest.approx(512 * (H200.step_latency + products))  # 635 us
+    assert walk_cost(4, HV=4, **shape) * 1e6 == pytest.approx(491, abs=1)
     ctx = context_from_split([0, 32768], [(0, 32768)], 0, n_sms=132)
     assert plan_segments(ctx, 32, 128, 128) == 1
-    assert plan_segments(ctx, 4, 128, 128) == 5
+    assert plan_segments(ctx, 4, 128, 128) == 4
     assert plan_segments(context_from_split([0, 32768], [(0, 32768)], 0, n_sms=2), 4, 128, 128) == 1
     # many fragments fill the device: P = 1
     assert min(range(1, 65), key=lambda P: walk_cost(P, HV=4, **dict(shape, frags=64))) == 1
@@ -117,7 +120,7 @@ def test_plan_cost_model():
     unbound = replace(H200, hbm=math.inf, sm_bytes_per_clock=math.inf)
     alone = {P: walk_cost(P, HV=32, machine=unbound, **shape) * 1e6 for P in range(1, 65)}
     assert min(alone, key=alone.get) == 1
-    assert (round(alone[1]), round(alone[4])) == (1133, 1552)
+    assert (round(alone[1]), round(alone[4])) == (635, 1966)
     # the table of the plan in docs/kcp.md
     stated = (Path(__file__).resolve().parent.parent / "docs" / "kcp.md").read_text()
     for HV in (32, 8, 4, 2):
@@ -130,21 +133,21 @@ def test_plan_cost_model():
 def test_plan_constants_are_the_kernels():
     """The plan's tiles and warps are the Triton walks' launch facts (its
     registers, shared memory and spills: tests/test_roofline.py ties them to
-    the committed compile facts); phases 1 and 3 hold two programs per SM,
-    phase 2 one."""
+    the committed compile facts); every phase holds one program per SM."""
     pytest.importorskip("triton")
     from gdn_kcp.cost_model import resident
-    from gdn_kcp.kernels.triton._common import value_block
+    from gdn_kcp.kernels.triton._common import walk_block
     from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
     from gdn_kcp.kernels.triton.compose_segments import NUM_WARPS as COMPOSE_WARPS
     from gdn_kcp.kernels.triton.segment_summary import NUM_WARPS as SUMMARY_WARPS
     from gdn_kcp.kernels.triton.tape_walk import NUM_WARPS
-    from gdn_kcp.plan import COMPOSE_FACTS, COMPOSE_VALUE_TILE, SEGMENT_FACTS, WALK_FACTS, WALK_VALUE_TILE
+    from gdn_kcp.plan import (COMPOSE_FACTS, COMPOSE_VALUE_TILE, SEGMENT_FACTS, SEGMENT_VALUE_TILE, WALK_FACTS,
+                              WALK_VALUE_TILE)
 
-    assert (WALK_VALUE_TILE, COMPOSE_VALUE_TILE) == (value_block(128), BV_COMPOSE)
+    assert (WALK_VALUE_TILE, SEGMENT_VALUE_TILE, COMPOSE_VALUE_TILE) == (walk_block(128), walk_block(256), BV_COMPOSE)
     assert (WALK_FACTS["num_warps"], SEGMENT_FACTS["num_warps"], COMPOSE_FACTS["num_warps"]) == (
         NUM_WARPS, SUMMARY_WARPS, COMPOSE_WARPS)
-    assert (resident(WALK_FACTS), resident(SEGMENT_FACTS), resident(COMPOSE_FACTS)) == (2, 2, 1)
+    assert (resident(WALK_FACTS), resident(SEGMENT_FACTS), resident(COMPOSE_FACTS)) == (1, 1, 1)
 
 
 def test_plan_is_the_same_on_every_rank():
@@ -159,10 +162,10 @@ def test_plan_is_the_same_on_every_rank():
             plans = {plan_segments(context_from_split(bounds, ranges, r, n_sms=n_sms, max_docs=max_docs), 2, 128, 128)
                      for r in range(4)}
             assert len(plans) == 1, (n_sms, max_docs, plans)
-    # a device wide enough for every segment program: the plan cuts the long document
+    # a device wide enough for every segment program: the plan cuts the long document of one value head
     wide = context_from_split(bounds, ranges, 1, n_sms=132)
-    assert plan_segments(wide, 2, 128, 128) > 1
-    assert plan_segments(context_from_split(bounds, ranges, 1, n_sms=2), 2, 128, 128) == 1
+    assert plan_segments(wide, 1, 128, 128) > 1
+    assert plan_segments(context_from_split(bounds, ranges, 1, n_sms=2), 1, 128, 128) == 1
 
 
 def test_budget_prints_p():

@@ -36,6 +36,22 @@ def value_block(V: int) -> int:
     return min(64, head_block(V))
 
 
+WALK_STAGES = 2
+"""Software-pipeline stages of the tape and adjoint walks (their loads do not
+wait for the state, so two stages fetch the next chunk under this one)."""
+
+
+def walk_block(V: int) -> int:
+    """Value tiles of the tape and adjoint walks: at most 32 columns. At 64, with
+    the chunk's k, w and u operands beside the ``[K, 64]`` fp32 state, the
+    walks spill 1.8 KB (tape walk, 4 warps) and 1.3 KB (adjoint walk, 8 warps)
+    per thread under triton 3.6, reloaded every step (200 and 370 B under
+    3.9); at 32 columns, 8 warps and 2 stages they spill 92 and 52 B (84 and
+    56 B under 3.9), at the price of reading k and w once more per value
+    tile (sm_90, bf16, K = V = 128; ``compile_specs --report``)."""
+    return min(32, head_block(V))
+
+
 def pointer(x: torch.Tensor | None, spare: torch.Tensor) -> torch.Tensor:
     """``x``, or ``spare`` in the place of an absent tensor (a kernel whose
     constexpr flag is off never reads it)."""

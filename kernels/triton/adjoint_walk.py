@@ -12,13 +12,15 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, carry_row, dot, frag_info, head_block, load_operand, load_qk_operand,
-                      load_rows_cols, load_state, mm_mode, pointer, store_rows_cols, store_state, value_block,
-                      walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, dot, frag_info, head_block, load_operand,
+                      load_qk_operand, load_rows_cols, load_state, mm_mode, pointer, store_rows_cols, store_state,
+                      walk_block, walk_operands)
 
 
 NUM_WARPS = 8
-"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+"""Warps per program of the kernel with matrix products (see compile_specs --report
+and ``_common.walk_block``)."""
+NUM_STAGES = WALK_STAGES
 
 
 @triton.jit
@@ -103,7 +105,7 @@ def adjoint_walk(
     HV, V = do.shape[1], do.shape[2]
     if index.n_frag == 0:
         return
-    BV = value_block(V)
+    BV = walk_block(V)
     spare = dh_out
     adjoint_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
@@ -114,5 +116,5 @@ def adjoint_walk(
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
         HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, HAS_CARRY=has_carry,
         GATE=gate_params is not None,
-        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )

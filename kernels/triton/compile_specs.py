@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from ._common import BT, head_block, value_block
+from ._common import BT, head_block, value_block, walk_block
 from .adjoint_segment_summary import adjoint_segment_summary_kernel
 from .adjoint_summary import adjoint_summary_kernel
 from .adjoint_walk import adjoint_walk_kernel
@@ -89,15 +89,15 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
         ("prep_kernel", prep_kernel, dict(walk, STORE_A=True, **beta)),
         ("tape_walk_kernel", tape_walk_kernel,
-         dict(walk, HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
+         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, IS_M=False)),
         ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=value_block(K), IS_M=True)),
         ("output_kernel", output_kernel, walk),
         ("bwd_local_dv_kernel", bwd_local_dv_kernel, walk),
         ("adjoint_walk_kernel", adjoint_walk_kernel,
-         dict(walk, HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)),
+         dict(walk, BV=walk_block(V), HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
-        ("segment_summary_kernel", segment_summary_kernel, dict(walk, BV=value_block(V + K), HAS_U=True)),
+        ("segment_summary_kernel", segment_summary_kernel, dict(walk, BV=walk_block(V + K), HAS_U=True)),
         ("compose_segments_kernel", compose_segments_kernel, dict(compose, HAS_INITIAL=True, HAS_S_IN=True,
                                                                   HAS_START=True, HAS_FINAL=True, HAS_OUT=False,
                                                                   LAST_ONLY=False, IS_M=False)),
@@ -117,12 +117,22 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     ]
 
 
-def num_warps(kernel) -> int:
-    """The warps its launcher gives ``kernel``: the ``NUM_WARPS`` of module ``X``
-    for its kernel ``X_kernel``, Triton's default 4 for any other."""
+def _launch_fact(kernel, name: str, default: int) -> int:
+    """The module constant ``name`` of module ``X`` for its kernel ``X_kernel``
+    (what its launcher passes), ``default`` for any other kernel."""
     module = importlib.import_module(kernel.fn.__module__)
     main = kernel.fn.__name__ == module.__name__.rsplit(".", 1)[1] + "_kernel"
-    return getattr(module, "NUM_WARPS", 4) if main else 4
+    return getattr(module, name, default) if main else default
+
+
+def num_warps(kernel) -> int:
+    """The warps its launcher gives ``kernel`` (``NUM_WARPS``; Triton's default 4)."""
+    return _launch_fact(kernel, "NUM_WARPS", 4)
+
+
+def num_stages(kernel) -> int:
+    """The pipeline stages its launcher gives ``kernel`` (``NUM_STAGES``; Triton's default 3)."""
+    return _launch_fact(kernel, "NUM_STAGES", 3)
 
 
 def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
@@ -153,7 +163,7 @@ def compile_all(arch: int, K: int = 128, V: int = 128) -> list[dict]:
     out = []
     for name, kernel, constexprs in kernels(K, V):
         compiled = triton.compile(source(name, kernel, constexprs), target=target,
-                                  options={"num_warps": num_warps(kernel)})
+                                  options={"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)})
         out.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                         num_warps=compiled.metadata.num_warps))
     return out
@@ -191,7 +201,7 @@ def report(arch: int, K: int = 128, V: int = 128) -> list[dict]:
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(source(name, kernel, constexprs), target=target,
-                                      options={"num_warps": num_warps(kernel)})
+                                      options={"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)})
         has_dot = "tt.dot" in compiled.asm["ttir"]
         rows.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                          num_warps=compiled.metadata.num_warps, num_stages=compiled.metadata.num_stages,

@@ -9,12 +9,14 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, carry_row, frag_info, head_block, load_state, mm_mode, pointer, state_chunk,
-                      store_state, value_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, frag_info, head_block, load_state, mm_mode, pointer,
+                      state_chunk, store_state, walk_block, walk_operands)
 
 
-NUM_WARPS = 4
-"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+NUM_WARPS = 8
+"""Warps per program of the kernel with matrix products (see compile_specs --report
+and ``_common.walk_block``: at 32 value columns, 8 warps spill least)."""
+NUM_STAGES = WALK_STAGES
 
 
 @triton.jit
@@ -75,7 +77,7 @@ def tape_walk(
     HV, V = u.shape[1], u.shape[2]
     if index.n_frag == 0:
         return
-    BV = value_block(V)
+    BV = walk_block(V)
     tape_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
         k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
         pointer(initial_state, h_out), pointer(s_in, h_out), carry_in if has_carry else h_out,
@@ -83,5 +85,5 @@ def tape_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_INITIAL=initial_state is not None,
         HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, HAS_CARRY=has_carry,
-        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
