@@ -13,11 +13,13 @@ from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, 
                       load_rows_cols, load_state_rows, mm_mode, pointer, store_rows_cols, store_scalars)
 
 
-BKS_DQKWG = 32
+BKS_DQKWG = 16
 BV_DQKWG = 16
-"""K and V blocks: spill stores per thread on sm_90 (compile_specs --report) were
-4,084 B with whole K and 64-wide V blocks, 3,548 with 32-wide K blocks, 1,520
-with 32 / 32 and 964 with 32 / 16."""
+"""K and V blocks: spill stores / loads per thread on sm_90 (compile_specs
+--report, 8 warps) were 4,084 B with whole K and 64-wide V blocks, 3,548 with
+32-wide K blocks, 1,520 with 32 / 32; at 32 / 16, 748 / 1,292 under triton 3.9
+and 688 / 1,176 under 3.6 (the GPU machine's), which the loop reloads; at
+16 / 16, 152 / 216 and 112 / 140."""
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 

@@ -16,6 +16,11 @@ from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, 
                       load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols, store_scalars, value_block)
 
 
+BKS_WY = 16
+BV_WY = 32
+"""K and V blocks: at 32 / 64 the kernel spilled 136 B per thread under triton
+3.6 (the GPU machine's) and 240 under 3.9; at 16 / 32, 0 and 56
+(compile_specs --report, 8 warps)."""
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 
@@ -36,9 +41,9 @@ def bwd_wy_kernel(
     b_beta, dbeta_dinput = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
     b_A = load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC)
     beta_gamma = b_beta * tl.exp(G)
-    # K in blocks of BKS = 32 columns, in two passes: with whole [BT, 128] tiles of
+    # K in blocks of BKS columns, in two passes: with whole [BT, 128] tiles of
     # k, dw and A^T dw it spilled 2,020 B per thread on sm_90, 1,456 with 64-column
-    # blocks, 760 with 32 (compile_specs --report)
+    # blocks, 760 with 32 (compile_specs --report; see BKS_WY)
     w_dot_k = tl.zeros([BT], dtype=ACC)
     dA = tl.zeros([BT, BT], dtype=ACC)
     kkt = tl.zeros([BT, BT], dtype=ACC)
@@ -102,7 +107,8 @@ def bwd_wy(
     bwd_wy_kernel[(index.n_chunks, HV)](
         k, v, beta, g, pointer(gate_params, g), A, dw, du, pointer(k_rstd, g), index.chunk_table,
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BKS=min(32, head_block(K)), BV=value_block(V), HAS_NORM=k_rstd is not None,
+        BT=BT, BK=head_block(K), BKS=min(BKS_WY, head_block(K)), BV=min(BV_WY, value_block(V)),
+        HAS_NORM=k_rstd is not None,
         GATE=gate_params is not None,
         BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

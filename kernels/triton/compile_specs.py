@@ -33,7 +33,7 @@ from .bwd_dqkwg import BKS_DQKWG, BV_DQKWG, bwd_dqkwg_kernel
 from .bwd_gate_cumsum import bwd_gate_cumsum_kernel
 from .bwd_local_dv import bwd_local_dv_kernel
 from .bwd_qk_norm import BT_NORM, bwd_qk_norm_kernel
-from .bwd_wy import bwd_wy_kernel
+from .bwd_wy import BKS_WY, BV_WY, bwd_wy_kernel
 from .compose_adjoints import compose_adjoints_kernel
 from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import output_kernel
@@ -108,7 +108,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("compose_adjoints_kernel", compose_adjoints_kernel,
          dict(compose, HAS_FINAL=True, HAS_LAM=True, HAS_END=True, HAS_OUT=False, FIRST_ONLY=False)),
         ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, dict(walk, BKS=BKS_DQKWG, BV=BV_DQKWG)),
-        ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, BKS=min(32, BK), **beta)),
+        ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, BKS=min(BKS_WY, BK), BV=min(BV_WY, BV), **beta)),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
         ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT_NORM, BK=BK, HAS_NORM=True, ACC=tl.float32)),
         ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),
