@@ -195,13 +195,16 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
     def prep(phase: str) -> list[Launch]:
         norm = Launch(phase, "l2_rstd_kernel", -(-s.T // C) * H,
                       Work(fp32=2 * C * K, bytes=C * K * n + C * e["q_rstd"]))
-        store_A = phase == "bwd"  # the light forward keeps no A; the backward's recompute writes it
-        steps = BC - 1
-        work = Work(bf16=2 * C * C * K + 8 * C**3 + 2 * C * C * K + 2 * C * C * V,  # L, two block merges, W, U
-                    fp32=steps * SOLVE_OPS * C * C,
-                    bytes=C * K * n + C * e["k_rstd"] + 2 * C * n + C * V * n + store_A * C * C * e["A"]
-                    + C * K * e["w"] + C * V * e["v_new"])
-        return [norm, norm, Launch(phase, "prep_kernel", NC * HV, work, steps, Work(fp32=SOLVE_OPS * C * C))]
+        steps = BC - 1  # the diagonal blocks' substitution, every block at once
+        inverse = Work(bf16=2 * C * C * K + 8 * C**3,  # L, two block merges
+                       fp32=steps * SOLVE_OPS * C * BC,
+                       bytes=C * K * n + C * e["k_rstd"] + 2 * C * n + C * C * e["A"])
+        w_u = Work(bf16=2 * C * C * K + 2 * C * C * V,
+                   bytes=C * C * e["A"] + C * K * n + C * e["k_rstd"] + 2 * C * n + C * V * n
+                   + C * K * e["w"] + C * V * e["v_new"])
+        return [norm, norm, Launch(phase, "wy_inverse_kernel", NC * HV, inverse, steps,
+                                   Work(fp32=SOLVE_OPS * C * BC)),
+                Launch(phase, "prep_kernel", NC * HV, w_u)]
 
     def tape_walk(phase: str) -> list[Launch]:
         step = Work(bf16=2 * (2 * C * K * BW), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
@@ -290,7 +293,8 @@ WALK_KERNELS = ("tape_walk_kernel", "segment_summary_kernel", "compose_segments_
 
 COUNTERPARTS = {
     "l2_rstd_kernel": ("l2norm_fwd_kernel",),
-    "prep_kernel": ("chunk_gated_delta_rule_fwd_kkt_solve_kernel", "recompute_w_u_fwd_kernel"),
+    "wy_inverse_kernel": ("chunk_gated_delta_rule_fwd_kkt_solve_kernel",),
+    "prep_kernel": ("recompute_w_u_fwd_kernel",),
     "tape_walk_kernel": ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64",),
     "output_kernel": ("chunk_fwd_kernel_o",),
     "bwd_local_dv_kernel": ("chunk_bwd_kernel_dv_local",),
@@ -579,7 +583,7 @@ def breakdown(results: Mapping) -> str:
         return sum(r["n"] * r["time"] for r in results[name]["rows"] if r["kernel"] in kernels and r["phase"] == phase) * 1e3
 
     intra = {"chunk_gated_delta_rule_fwd_kkt_solve_kernel", "recompute_w_u_fwd_kernel"}
-    return (f"prep {ms('ours', {'prep_kernel'}, 'fwd'):.2f} ms in the forward against "
+    return (f"prep {ms('ours', {'wy_inverse_kernel', 'prep_kernel'}, 'fwd'):.2f} ms in the forward against "
             f"{ms('fla', intra, 'fwd'):.2f} ms for FLA's kkt + solve and W, U; the tape walk "
             f"{ms('ours', {'tape_walk_kernel'}, 'fwd'):.2f} ms against FLA's "
             f"{ms('fla', {'chunk_gated_delta_rule_fwd_kernel_h_blockdim64'}, 'fwd'):.2f} ms; bwd_dqkwg "

@@ -103,9 +103,13 @@ def test_our_launches_counted_by_hand():
     walk = launch_of(launches, "tape_walk_kernel")
     assert (walk.programs, walk.steps) == (2, 2) and walk.work == walk.step * 2
     assert walk.step == Work(bf16=65536, bytes=2048 + 256 + 128 + 2048 + 4096 + 512)  # k, k_rstd, g, w, u + v_new, h
-    prep_fwd, prep_bwd = launch_of(launches, "prep_kernel"), launch_of(launches, "prep_kernel", "bwd")
-    assert prep_bwd.work.bytes - prep_fwd.work.bytes == 64 * 64 * 2  # only the backward's recompute writes A
-    assert prep_fwd.steps == 15 and prep_fwd.step == Work(fp32=6 * 64 * 64)  # 16-row diagonal blocks, packed
+    inverse, w_u = launch_of(launches, "wy_inverse_kernel"), launch_of(launches, "prep_kernel")
+    assert inverse.steps == 15 and inverse.step == Work(fp32=6 * 64 * 16)  # four 16-row diagonal blocks at once
+    # L and the two merges 2*64*64*16 + 8*64^3; k, k_rstd, g and beta, A written
+    assert inverse.work == Work(bf16=131072 + 2097152, fp32=15 * 6 * 64 * 16, bytes=2048 + 256 + 256 + 8192)
+    # W and U 2*64*64*(16 + 16); A read, k, k_rstd, g and beta, v, w and u written
+    assert w_u.work == Work(bf16=262144, bytes=8192 + 2048 + 256 + 256 + 2048 + 2048 + 2048)
+    assert launch_of(launches, "prep_kernel", "bwd") == replace(w_u, phase="bwd")
     norms = [x for x in launches if x.kernel == "l2_rstd_kernel"]
     assert len(norms) == 4 and norms[0].programs == 2 and norms[0].work.bytes == 64 * 16 * 2 + 64 * 4
     assert sum(x.kernel == "bwd_qk_norm_kernel" for x in launches) == 2
@@ -170,8 +174,8 @@ def test_the_same_math_counts_the_same_flops():
 
 def test_program_sequence_is_the_host_paths(monkeypatch):
     """OUR_PROGRAMS against the torch programs one forward+backward calls (one
-    rank, one document, the L2 norm, default options); prep writes A in the
-    backward only."""
+    rank, one document, the L2 norm, default options); prep writes A in both
+    (its W, U launch reads it back)."""
     from gdn_kcp.kernels import torch as programs
 
     from gdn_kcp import build_kcp_context, gdn_kcp
@@ -196,7 +200,7 @@ def test_program_sequence_is_the_host_paths(monkeypatch):
     o.sum().backward()
     assert [name for name, _ in calls[:forward]] == list(roofline.OUR_PROGRAMS["fwd"])
     assert [name for name, _ in calls[forward:]] == list(roofline.OUR_PROGRAMS["bwd"])
-    assert [a for name, a in calls if name == "prep"] == [False, True]
+    assert [a for name, a in calls if name == "prep"] == [True, True]
 
 
 def test_calibration():

@@ -14,8 +14,8 @@ triton = pytest.importorskip("triton")
 tl = triton.language
 
 from gdn_kcp.kernels.triton._common import mm_mode
-from gdn_kcp.kernels.triton.prep import BC
-from gdn_kcp.kernels.triton.prep import unit_lower_inverse as triton_unit_lower_inverse
+from gdn_kcp.kernels.triton.wy_inverse import BC
+from gdn_kcp.kernels.triton.wy_inverse import unit_lower_inverse as triton_unit_lower_inverse
 
 C = CHUNK_SIZE
 BF16_UNIT_ROUNDOFF = 2.0**-8  # round to nearest with 8 significant bits

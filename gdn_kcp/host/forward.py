@@ -115,10 +115,12 @@ class Call:
 
 
 def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) -> ForwardTapes:
-    """Program #1 into tapes from ``buffers`` (h is bound later by the walk)."""
+    """Program #1 into tapes from ``buffers`` (h is bound later by the walk).
+    Prep always writes A (its W and U launch reads it back); without
+    ``with_A`` A is released as soon as prep returns."""
     take = buffers.take
     tapes = ForwardTapes(
-        A=take("A") if with_A else None, w=take("w"), v_new=take("v_new"),
+        A=take("A"), w=take("w"), v_new=take("v_new"),
         q_rstd=take("q_rstd") if call.norms else None, k_rstd=take("k_rstd") if call.norms else None,
     )
     call.programs.prep(
@@ -126,6 +128,9 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
         A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
         q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd, **call.gate, **call.beta,
     )
+    if not with_A:
+        buffers.drop("A")
+        tapes.A = None
     return tapes
 
 

@@ -101,7 +101,8 @@ def forward_events(d: Dims) -> Events:
     keeps_tapes = save_plan(d.options).keeps_tapes
     ev.phase("fwd.phase.prep")
     if not keeps_tapes:
-        ev.bind("w", "v_new", *norm_tapes(d.options))
+        ev.bind("A", "w", "v_new", *norm_tapes(d.options))
+        ev.release("A")  # prep's W, U launch reads it back; nothing after prep does
     _segment_summaries(ev, d, "fwd")
     if d.ctx.exchanges:
         _forward_exchange(ev, d, "fwd")

@@ -87,7 +87,7 @@ def prep(
     gate_params: torch.Tensor | None = None,
     beta_sigmoid: bool = False,
     beta_scale: float = 1.0,
-    A_out: torch.Tensor | None,
+    A_out: torch.Tensor,
     w_out: torch.Tensor,
     u_out: torch.Tensor,
     q_rstd_out: torch.Tensor | None = None,
@@ -96,8 +96,8 @@ def prep(
     """Fill the prep tapes.
 
     q, k: ``[T, H_qk, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``.
-    Writes A_out ``[T, HV, C]`` (row i of its chunk's A; None when no backward
-    reads it), w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, each computed in
+    Writes A_out ``[T, HV, C]`` (row i of its chunk's A: the Triton twin's W, U
+    launch reads it back, so a forward without a backward still binds it), w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, each computed in
     fp32 (fp64 for fp64 inputs) and rounded to its own dtype. With
     ``q_rstd_out`` / ``k_rstd_out`` (``[T, H_qk]``) given, q and k are
     L2-normalised and their reciprocal norms written there.
@@ -116,7 +116,6 @@ def prep(
     mode = matmul_mode(k.dtype)
     strict = causal_scores(bc[..., None] * kc, kc, gates, strict=True, mode=mode)
     A = unit_lower_inverse(strict, mode)
-    if A_out is not None:
-        from_chunks(A, rows, A_out)
+    from_chunks(A, rows, A_out)
     from_chunks(lower_matmul(A, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)
     from_chunks(lower_matmul(A, bc[..., None] * to_chunks(v, rows, cdt), mode), rows, u_out)

@@ -37,12 +37,13 @@ from .bwd_wy import BKS_WY, BV_WY, bwd_wy_kernel
 from .compose_adjoints import compose_adjoints_kernel
 from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import output_kernel
-from .prep import l2_rstd_kernel, prep_kernel
+from .prep import BK_WU, BV_WU, l2_rstd_kernel, prep_kernel
 from .segment_summary import segment_summary_kernel
 from .short_conv import (BD_CONV, BT_CONV, DW_BLOCKS, short_conv_bwd_dw_kernel, short_conv_bwd_dx_kernel,
                          short_conv_fwd_kernel)
 from .summary_walk import summary_walk_kernel
 from .tape_walk import tape_walk_kernel
+from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
 
 SHARED_MEMORY_LIMIT = 232_448
 """Dynamic shared memory per block on the H100 / H200 (227 KiB)."""
@@ -54,7 +55,8 @@ INDEX_TABLES = {"chunk_table", "frag_table", "frag_rows", "reach"}
 # dk_heads, dw); every other pointer is fp32.
 INPUT_POINTERS = {
     "l2_rstd_kernel": {"x"},
-    "prep_kernel": {"q", "k", "v", "g", "beta", "A_out", "w", "u"},
+    "wy_inverse_kernel": {"k", "g", "beta", "A_out"},
+    "prep_kernel": {"k", "v", "g", "beta", "A", "w", "u"},
     "tape_walk_kernel": {"k", "g", "w", "u", "h_out", "v_new"},
     "summary_walk_kernel": {"k", "g", "w", "u"},
     "output_kernel": {"q", "g", "k", "o", "h", "v_new"},
@@ -87,7 +89,9 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     conv = dict(W=4, HAS_BIAS=True, HAS_HALO=True, BT=BT_CONV, BD=BD_CONV, ACC=tl.float32)
     return [
         ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
-        ("prep_kernel", prep_kernel, dict(walk, STORE_A=True, **beta)),
+        ("wy_inverse_kernel", wy_inverse_kernel,
+         dict(BT=BT, BKS=min(BKS_INVERSE, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16", **beta)),
+        ("prep_kernel", prep_kernel, dict(walk, BK=min(BK_WU, BK), BV=min(BV_WU, head_block(V)), **beta)),
         ("tape_walk_kernel", tape_walk_kernel,
          dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, IS_M=False)),
