@@ -81,7 +81,8 @@ if __name__ == "__main__":  # before triton is imported: compile for real, ptxas
 import torch
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
-from gdn_kcp.kernels.triton._common import value_block, walk_block
+from gdn_kcp.kernels.triton._common import head_block, value_block, walk_block
+from gdn_kcp.kernels.triton.output import BV_OUTPUT
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 
@@ -196,7 +197,8 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
         norm = Launch(phase, "l2_rstd_kernel", -(-s.T // C) * H,
                       Work(fp32=2 * C * K, bytes=C * K * n + C * e["q_rstd"]))
         steps = BC - 1  # the diagonal blocks' substitution, every block at once
-        inverse = Work(bf16=2 * C * C * K + 8 * C**3,  # L, two block merges
+        merges = sum(C // (2 * b) * 2 * (2 * b**3) for b in (BC, 2 * BC))  # pairs x two products, at 16 and 32
+        inverse = Work(bf16=2 * C * C * K + merges,  # L, the block merges
                        fp32=steps * SOLVE_OPS * C * BC,
                        bytes=C * K * n + C * e["k_rstd"] + 2 * C * n + C * C * e["A"])
         w_u = Work(bf16=2 * C * C * K + 2 * C * C * V,
@@ -212,9 +214,10 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
         return [walk(phase, "tape_walk_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
 
     def output(phase: str) -> list[Launch]:
-        work = Work(bf16=2 * C * C * K + 2 * C * K * BV + 2 * C * C * BV,
-                    bytes=qk + C * n + K * BV * e["h"] + C * BV * e["v_new"] + C * BV * n)
-        return [Launch(phase, "output_kernel", NC * HV * NV, work)]
+        BO = min(BV_OUTPUT, head_block(V))  # the output's value tile
+        work = Work(bf16=2 * C * C * K + 2 * C * K * BO + 2 * C * C * BO,
+                    bytes=qk + C * n + K * BO * e["h"] + C * BO * e["v_new"] + C * BO * n)
+        return [Launch(phase, "output_kernel", NC * HV * -(-V // BO), work)]
 
     def bwd_local_dv(phase: str) -> list[Launch]:  # one program per chunk and head walks the value tiles
         work = Work(bf16=2 * C * C * K + 2 * C * C * V, bytes=qk + C * n + C * V * n + C * V * e["dv_new"])

@@ -15,10 +15,10 @@ committed compile facts). ``benchmarks/roofline.py`` times the same
 launches (:func:`walk_launches`).
 
 - ``P = 1``: the tape walk, ``n`` steps (n = ``plan_chunks``) of
-  ``F HV Vt`` programs (F = ``plan_frags``, ``Vt = ceil(V / 64)``), each step
+  ``F HV Vt`` programs (F = ``plan_frags``, ``Vt = ceil(V / 32)``), each step
   reading k, w, u and writing v_new and h (bf16; ``tape_step_bytes``);
 - ``P > 1``: phase 1 folds the P segments of each fragment, ``ceil(n / P)``
-  steps of ``F P HV ceil((V + K) / 64)`` programs reading k, w, u; phase 2
+  steps of ``F P HV ceil((V + K) / 32)`` programs reading k, w, u; phase 2
   composes P rows, ``P`` steps of ``F HV ceil(V / 16)`` programs (fp32 M and S);
   phase 3 walks the ``F P`` segments, ``ceil(n / P)`` steps of ``F P HV Vt``
   programs.
@@ -49,14 +49,14 @@ COMPOSE_VALUE_TILE = 16
 """Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
 its exact fp32 products stay in registers at 16 columns)."""
 
-WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 24_852, "spill_stores": 92,
-              "spill_loads": 88}
+WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 254, "shared": 20_756, "spill_stores": 0,
+              "spill_loads": 0}
 """Compile facts of the tape walk (sm_90, bf16, K = V = 128, triton 3.6: the
-committed ``benchmarks/h200_facts.json``, which a test ties to these): 255
-registers x 8 warps, one program per SM, and the spills its steps reload."""
+committed ``benchmarks/h200_facts.json``, which a test ties to these): 254
+registers x 8 warps, one program per SM, no spill (its state in two halves)."""
 
-SEGMENT_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 24_832, "spill_stores": 112,
-                 "spill_loads": 84}
+SEGMENT_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 20_736, "spill_stores": 0,
+                 "spill_loads": 0}
 """The segment summary's (phase 1) compile facts, as :data:`WALK_FACTS`."""
 
 COMPOSE_FACTS = {"products": "fma", "num_warps": 8, "registers": 245, "shared": 17_408, "spill_stores": 0,

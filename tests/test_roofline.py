@@ -105,8 +105,9 @@ def test_our_launches_counted_by_hand():
     assert walk.step == Work(bf16=65536, bytes=2048 + 256 + 128 + 2048 + 4096 + 512)  # k, k_rstd, g, w, u + v_new, h
     inverse, w_u = launch_of(launches, "wy_inverse_kernel"), launch_of(launches, "prep_kernel")
     assert inverse.steps == 15 and inverse.step == Work(fp32=6 * 64 * 16)  # four 16-row diagonal blocks at once
-    # L and the two merges 2*64*64*16 + 8*64^3; k, k_rstd, g and beta, A written
-    assert inverse.work == Work(bf16=131072 + 2097152, fp32=15 * 6 * 64 * 16, bytes=2048 + 256 + 256 + 8192)
+    # L 2*64*64*16, the merges: 2 pairs x 2 products x 2*16^3, then 2 products x 2*32^3; k, k_rstd, g and beta,
+    # A written
+    assert inverse.work == Work(bf16=131072 + 32768 + 131072, fp32=15 * 6 * 64 * 16, bytes=2048 + 256 + 256 + 8192)
     # W and U 2*64*64*(16 + 16); A read, k, k_rstd, g and beta, v, w and u written
     assert w_u.work == Work(bf16=262144, bytes=8192 + 2048 + 256 + 256 + 2048 + 2048 + 2048)
     assert launch_of(launches, "prep_kernel", "bwd") == replace(w_u, phase="bwd")
@@ -167,7 +168,8 @@ def test_the_same_math_counts_the_same_flops():
         return x.programs * x.work.bf16
 
     assert flops(ours, "bwd_wy_kernel") == flops(fla, "prepare_wy_repr_bwd_kernel")
-    assert flops(ours, "output_kernel", "fwd") == flops(fla, "chunk_fwd_kernel_o", "fwd")
+    fla_o128 = roofline.fla_launches(roofline.Shape(), {"chunk_fwd_kernel_o": dict(BK=128, BV=128)})
+    assert flops(ours, "output_kernel", "fwd") == flops(fla_o128, "chunk_fwd_kernel_o", "fwd")  # value tiles of 128
     assert flops(ours, "tape_walk_kernel") == flops(fla, "chunk_gated_delta_rule_fwd_kernel_h_blockdim64")
     assert flops(ours, "adjoint_walk_kernel") == flops(fla, "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64")
 
@@ -290,22 +292,23 @@ def test_gpu_check_rates_and_ratios_come_from_the_model():
 def test_walk_latency_over_segments():
     """The forward walk at P segments (full shape, the committed compile facts:
     the plan's launches): at HV = 32 every P > 1 is slower; at HV = 4 (16
-    programs, each bound by its SM's bandwidth) the latency falls to about
-    three quarters at the plan's P = 4, the estimate's best. With no
-    bandwidth limit at all P = 1 stays the best at HV = 32."""
+    programs, each bound by its steps' latency and work) it falls under half
+    at the plan's P = 8, the estimate's best. With no bandwidth limit at all
+    P = 1 stays the best at HV = 32, where the spill-free walk is already
+    within 7 % of that bound."""
     from gdn_kcp.context import context_from_split
     from gdn_kcp.plan import plan_segments, walk_launches
 
     facts = roofline.load_facts()["ours"]
     table = {row["P"]: row for row in roofline.walk_latency_table(facts, Ps=range(1, 9))}
     assert all(table[P]["HV=32"] > table[1]["HV=32"] for P in range(2, 9))
-    assert table[4]["HV=4"] < table[3]["HV=4"] < table[1]["HV=4"] / 1.15
+    assert table[8]["HV=4"] < table[4]["HV=4"] < table[1]["HV=4"] / 1.5
     ctx = context_from_split([0, 32768], [(0, 32768)], 0, n_sms=132)
     least = min(row["HV=4"] for row in table.values())
-    assert plan_segments(ctx, 4, 128, 128) == 4 and table[4]["HV=4"] <= 1.01 * least  # the plan's 1 % tie rule
+    assert plan_segments(ctx, 4, 128, 128) == 8 and table[8]["HV=4"] <= 1.01 * least  # the plan's 1 % tie rule
     assert plan_segments(ctx, 32, 128, 128) == 1
     alone = {P: row[roofline.STEPS_ALONE] for P, row in table.items()}
-    assert min(alone, key=alone.get) == 1 and alone[1] < table[1]["HV=32"] / 1.5
+    assert min(alone, key=alone.get) == 1 and table[1]["HV=32"] / 1.07 < alone[1] < table[1]["HV=32"]
     # P = 1 is the tape walk alone: 128 programs (value tiles of 32) of 512 steps
     (tape, _), = walk_launches(1, chunks=512, frags=1, HV=32, K=128, V=128)
     assert (tape.kernel, tape.programs, tape.steps) == ("tape_walk_kernel", 128, 512)

@@ -42,13 +42,12 @@ wait for the state, so two stages fetch the next chunk under this one)."""
 
 
 def walk_block(V: int) -> int:
-    """Value tiles of the tape and adjoint walks: at most 32 columns. At 64, with
-    the chunk's k, w and u operands beside the ``[K, 64]`` fp32 state, the
-    walks spill 1.8 KB (tape walk, 4 warps) and 1.3 KB (adjoint walk, 8 warps)
-    per thread under triton 3.6, reloaded every step (200 and 370 B under
-    3.9); at 32 columns, 8 warps and 2 stages they spill 92 and 52 B (84 and
-    56 B under 3.9), at the price of reading k and w once more per value
-    tile (sm_90, bf16, K = V = 128; ``compile_specs --report``)."""
+    """Value tiles of the walks: at most 32 columns. At 64 columns, 8 warps and
+    2 stages, with the state in halves (:func:`state_chunk`), the tape walk
+    spills 168 B per thread and the adjoint walk 328 under triton 3.6,
+    reloaded every step; at 32 they spill 0 and 24 B, at the price of reading
+    k and w once more per value tile (sm_90, bf16, K = V = 128;
+    ``compile_specs --report``)."""
     return min(32, head_block(V))
 
 
@@ -151,6 +150,15 @@ def load_operand(ptr, tok, m_t, H, h, D, BD: tl.constexpr, MM: tl.constexpr, ACC
     itself, never an fp32 copy (a ``[64, 128]`` tile takes 32 registers a thread
     at 4 warps in bf16, 64 in fp32)."""
     x = load_tile(ptr, tok, m_t, H, h, D, 0, BD)
+    if MM == "bf16" or MM == "fp16":
+        return operand(x, MM)
+    return operand(x.to(ACC), MM)
+
+
+@triton.jit
+def load_operand_cols(ptr, tok, m_t, H, h, D, col0, BD: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """Columns ``[col0, col0 + BD)`` of :func:`load_operand`'s tile."""
+    x = load_tile(ptr, tok, m_t, H, h, D, col0, BD)
     if MM == "bf16" or MM == "fp16":
         return operand(x, MM)
     return operand(x.to(ACC), MM)
@@ -357,17 +365,23 @@ def exact_product(summary, row, H, h, K, V, x, BK: tl.constexpr, BV: tl.constexp
 
 @triton.jit
 def store_state(ptr, x, row, H, h, K, V, col0, BK: tl.constexpr, BV: tl.constexpr):
-    o_k = tl.arange(0, BK)
+    store_state_rows(ptr, x, row, H, h, K, V, 0, col0, BK, BV)
+
+
+@triton.jit
+def store_state_rows(ptr, x, row, H, h, K, V, k0, col0, BK: tl.constexpr, BV: tl.constexpr):
+    """:func:`store_state` of rows ``[k0, k0 + BK)`` (a half of a walk's state)."""
+    o_k = k0 + tl.arange(0, BK)
     o_v = col0 + tl.arange(0, BV)
     p = ptr + ((row * H + h).to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :]
     tl.store(p, cast_to(x, ptr), mask=(o_k[:, None] < K) & (o_v[None, :] < V))
 
 
 @triton.jit
-def store_state_strided(ptr, x, h, stride_h, stride_k, K, V, col0, BK: tl.constexpr, BV: tl.constexpr):
-    """Store a ``[BK, BV]`` tile of head ``h`` into a strided ``[1, H, K, V]``
-    view (a column slice of a wider pool)."""
-    o_k = tl.arange(0, BK)
+def store_state_strided(ptr, x, h, stride_h, stride_k, K, V, k0, col0, BK: tl.constexpr, BV: tl.constexpr):
+    """Store a ``[BK, BV]`` tile (rows from ``k0``) of head ``h`` into a strided
+    ``[1, H, K, V]`` view (a column slice of a wider pool)."""
+    o_k = k0 + tl.arange(0, BK)
     o_v = col0 + tl.arange(0, BV)
     p = ptr + h.to(tl.int64) * stride_h + o_k[:, None] * stride_k + o_v[None, :]
     tl.store(p, cast_to(x, ptr), mask=(o_k[:, None] < K) & (o_v[None, :] < V))
@@ -432,24 +446,46 @@ def walk_operands(g, gate_params, chunk_table, n_chunks, c, HV, h, BT: tl.conste
 
 
 @triton.jit
-def state_chunk(k, k_rstd, w, u, v_new, X, tok, m_t, k_scale, gamma_last, H_qk, hk, HV, h, K, V, col,
-                BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_U: tl.constexpr, STORE: tl.constexpr,
-                MM: tl.constexpr, ACC: tl.constexpr):
-    """One chunk of the state walk from ``X`` (columns ``[col, col + BV)``):
-    ``V_new = U - W X`` (``U = 0`` without ``HAS_U``; stored into ``v_new``
-    with ``STORE``), then ``gamma_C X + K^T diag(k_scale) V_new``. W is read
-    just before its product, K after V_new is stored: of the orders tried on
-    sm_90 at 4 warps, the one with the fewest spills in the tape walk (about
-    a third of those with both read first, or with the store last)."""
-    b_w = load_operand(w, tok, m_t, HV, h, K, BK, MM, ACC)
+def load_state_halves(ptr, row, H, h, K, V, col0, BH: tl.constexpr, BV: tl.constexpr, ACC: tl.constexpr):
+    """Rows ``[0, BH)`` and ``[BH, 2 BH)`` of :func:`load_state`'s tile (a walk's two state halves)."""
+    return (load_state_rows(ptr, row, H, h, K, V, 0, col0, BH, BV, ACC),
+            load_state_rows(ptr, row, H, h, K, V, BH, col0, BH, BV, ACC))
+
+
+@triton.jit
+def store_state_halves(ptr, X1, X2, row, H, h, K, V, col0, BH: tl.constexpr, BV: tl.constexpr):
+    """:func:`store_state` of a walk's two state halves."""
+    store_state_rows(ptr, X1, row, H, h, K, V, 0, col0, BH, BV)
+    store_state_rows(ptr, X2, row, H, h, K, V, BH, col0, BH, BV)
+
+
+@triton.jit
+def state_chunk(k, k_rstd, w, u, v_new, X1, X2, tok, m_t, k_scale, gamma_last, H_qk, hk, HV, h, K, V, col,
+                BH: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_U: tl.constexpr,
+                STORE: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """One chunk of the state walk from ``X = [X1; X2]`` (rows ``[0, BH)`` and
+    ``[BH, 2 BH)`` of K, columns ``[col, col + BV)``; the walks take ``BH = BK / 2``,
+    and 16 at ``BK = 16``, where the second half lies past K, masked): ``V_new = U - W X``
+    (``U = 0`` without ``HAS_U``; stored into ``v_new`` with ``STORE``), then
+    ``gamma_C X + K^T diag(k_scale) V_new``, each half against the matching
+    columns of W and K. Held as two halves, with W and K read in two
+    ``[BT, BH]`` slices, the tape walk spills nothing on sm_90 (bf16, K = V =
+    128, value tiles of 32, 8 warps, triton 3.6): as one ``[K, BV]`` state
+    beside whole ``[BT, K]`` W and K tiles it spilled 92 B per thread, reloaded
+    every step. Returns ``(X1, X2)``."""
+    b_w1 = load_operand_cols(w, tok, m_t, HV, h, K, 0, BH, MM, ACC)
+    b_w2 = load_operand_cols(w, tok, m_t, HV, h, K, BH, BH, MM, ACC)
+    b_vn = -(dot(b_w1, X1, MM) + dot(b_w2, X2, MM))
     if HAS_U:
-        b_vn = load_rows_cols(u, tok, m_t, HV, h, V, col, BV, ACC) - dot(b_w, X, MM)
-    else:
-        b_vn = -dot(b_w, X, MM)
+        b_vn += load_rows_cols(u, tok, m_t, HV, h, V, col, BV, ACC)
     if STORE:
         store_rows_cols(v_new, b_vn, tok, m_t, HV, h, V, col, BV)
-    b_k = load_qk_operand(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, MM, ACC)
-    return gamma_last * X + dot(tl.trans(b_k), k_scale[:, None] * b_vn, MM)
+    b_vs = operand(k_scale[:, None] * b_vn, MM)
+    b_k1 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC), MM)
+    X1 = gamma_last * X1 + dot(tl.trans(b_k1), b_vs, MM)
+    b_k2 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC), MM)
+    X2 = gamma_last * X2 + dot(tl.trans(b_k2), b_vs, MM)
+    return X1, X2
 
 
 @triton.jit

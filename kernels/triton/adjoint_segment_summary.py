@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import BT, acc_dtype, frag_info, head_block, mm_mode, pointer, store_state, value_block, walk_operands
+from ._common import (BT, acc_dtype, frag_info, head_block, mm_mode, pointer, store_state_halves, value_block,
+                      walk_operands)
 from .adjoint_walk import adjoint_chunk
 
 
@@ -29,14 +30,16 @@ def adjoint_segment_summary_kernel(
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
     first, count, _initial_row, _flags = frag_info(frag_table, n_frag, i_r)
-    dS = tl.zeros([BK, BV], dtype=ACC)
+    BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
+    dS1 = tl.zeros([BH, BV], dtype=ACC)
+    dS2 = tl.zeros([BH, BV], dtype=ACC)
     for jj in range(0, count):
         c = first + count - 1 - jj
         tok, m_t, G, k_scale, gamma_last = walk_operands(
             g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
-        _, dS = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale,
-                              H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC, MM)
-    store_state(nu, dS, i_r, HV, i_h, K, V, col, BK, BV)
+        _, dS1, dS2 = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale,
+                                    gamma_last, scale, H_qk, i_hk, HV, i_h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
+    store_state_halves(nu, dS1, dS2, i_r, HV, i_h, K, V, col, BH, BV)
 
 
 def adjoint_segment_summary(

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, dot, frag_info, head_block, load_operand,
-                      load_qk_operand, load_rows_cols, load_state, mm_mode, pointer, store_rows_cols, store_state,
-                      walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, dot, frag_info, head_block, load_operand_cols,
+                      load_qk_cols, load_rows_cols, load_state_halves, mm_mode, operand, pointer, store_rows_cols,
+                      store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -24,22 +24,28 @@ NUM_STAGES = WALK_STAGES
 
 
 @triton.jit
-def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale, H_qk, hk,
-                  HV, h, K, V, col, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
-                  MM: tl.constexpr):
-    """One chunk of the adjoint walk: ``(dVn, dS_prev)``. The decays (at most
-    1: ``k_scale``, and ``scale gamma_i`` of Q) go on the ``[BT, BV]`` side of
-    the products, so no decayed copy of K or Q is made (:func:`walk_operands`).
-    W, K and Q are read first, in that order: on sm_90 at 8 warps the adjoint
-    walk then spills 372 bytes a thread and the adjoint summaries 40 (the
-    other orders: 348 to 472, and 24 to 76)."""
-    b_w = load_operand(w, tok, m_t, HV, h, K, BK, MM, ACC)
-    b_k = load_qk_operand(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, MM, ACC)
-    b_q = load_qk_operand(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, MM, ACC)
-    b_do = load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC)
-    b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + k_scale[:, None] * dot(b_k, dS, MM)
-    pull = dot(tl.trans(b_q), (scale * tl.exp(G))[:, None] * b_do, MM)
-    return b_dvn, gamma_last * dS + pull - dot(tl.trans(b_w), b_dvn, MM)
+def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale, gamma_last, scale, H_qk,
+                  hk, HV, h, K, V, col, BH: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+                  ACC: tl.constexpr, MM: tl.constexpr):
+    """One chunk of the adjoint walk on ``dS = [dS1; dS2]`` (rows ``[0, BH)``
+    and ``[BH, 2 BH)`` of K, as ``_common.state_chunk`` holds a state):
+    ``(dVn, dS1_prev, dS2_prev)``. The decays (at most 1: ``k_scale``, and
+    ``scale gamma_i`` of Q) go on the ``[BT, BV]`` side of the products, so no
+    decayed copy of K or Q is made (:func:`walk_operands`); K, Q and W are read
+    in ``[BT, BH]`` slices next to the half they meet."""
+    b_k1 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC), MM)
+    b_k2 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC), MM)
+    b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + k_scale[:, None] * (
+        dot(b_k1, dS1, MM) + dot(b_k2, dS2, MM))
+    b_dos = operand((scale * tl.exp(G))[:, None] * load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC), MM)
+    b_dvo = operand(b_dvn, MM)
+    b_q = operand(load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC), MM)
+    b_w = load_operand_cols(w, tok, m_t, HV, h, K, 0, BH, MM, ACC)
+    dS1 = gamma_last * dS1 + dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w), b_dvo, MM)
+    b_q = operand(load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC), MM)
+    b_w = load_operand_cols(w, tok, m_t, HV, h, K, BH, BH, MM, ACC)
+    dS2 = gamma_last * dS2 + dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w), b_dvo, MM)
+    return b_dvn, dS1, dS2
 
 
 @triton.jit
@@ -55,27 +61,29 @@ def adjoint_walk_kernel(
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
     first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
-    dS = tl.zeros([BK, BV], dtype=ACC)
+    BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
+    dS1 = tl.zeros([BH, BV], dtype=ACC)
+    dS2 = tl.zeros([BH, BV], dtype=ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
-            dS = load_state(d_final, i_f, HV, i_h, K, V, col, BK, BV, ACC)
+            dS1, dS2 = load_state_halves(d_final, i_f, HV, i_h, K, V, col, BH, BV, ACC)
     if HAS_LAM:
         if (flags & 2) != 0:
-            dS = load_state(lam, 0, HV, i_h, K, V, col, BK, BV, ACC)
+            dS1, dS2 = load_state_halves(lam, 0, HV, i_h, K, V, col, BH, BV, ACC)
     if HAS_CARRY:
         if (flags & 8) != 0:  # SEGMENT: a segment row ends at its carry-plane row (frag_table row 6)
-            dS = load_state(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BK, BV, ACC)
+            dS1, dS2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BH, BV, ACC)
     for jj in range(0, count):
         c = first + count - 1 - jj
-        store_state(dh, dS, c, HV, i_h, K, V, col, BK, BV)
+        store_state_halves(dh, dS1, dS2, c, HV, i_h, K, V, col, BH, BV)
         tok, m_t, G, k_scale, gamma_last = walk_operands(
             g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
-        b_dvn, dS = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS, tok, m_t, G, k_scale, gamma_last, scale,
-                                  H_qk, i_hk, HV, i_h, K, V, col, BK, BV, HAS_NORM, ACC, MM)
+        b_dvn, dS1, dS2 = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale,
+                                        gamma_last, scale, H_qk, i_hk, HV, i_h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
     if HAS_INITIAL:
         if (flags & 1) == 0:
-            store_state(d_initial, dS, initial_row, HV, i_h, K, V, col, BK, BV)
+            store_state_halves(d_initial, dS1, dS2, initial_row, HV, i_h, K, V, col, BH, BV)
 
 
 def adjoint_walk(

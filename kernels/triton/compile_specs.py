@@ -36,7 +36,7 @@ from .bwd_qk_norm import BT_NORM, bwd_qk_norm_kernel
 from .bwd_wy import BKS_WY, BV_WY, bwd_wy_kernel
 from .compose_adjoints import compose_adjoints_kernel
 from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
-from .output import output_kernel
+from .output import BKS_OUTPUT, BV_OUTPUT, output_kernel
 from .prep import BK_WU, BV_WU, l2_rstd_kernel, prep_kernel
 from .segment_summary import segment_summary_kernel
 from .short_conv import (BD_CONV, BT_CONV, DW_BLOCKS, short_conv_bwd_dw_kernel, short_conv_bwd_dx_kernel,
@@ -94,9 +94,11 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("prep_kernel", prep_kernel, dict(walk, BK=min(BK_WU, BK), BV=min(BV_WU, head_block(V)), **beta)),
         ("tape_walk_kernel", tape_walk_kernel,
          dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
-        ("summary_walk_kernel", summary_walk_kernel, dict(walk, IS_M=False)),
-        ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=value_block(K), IS_M=True)),
-        ("output_kernel", output_kernel, walk),
+        ("summary_walk_kernel", summary_walk_kernel, dict(walk, BV=walk_block(V), IS_M=False)),
+        ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=walk_block(K), IS_M=True)),
+        ("output_kernel", output_kernel, 
+         dict(BT=BT, BKS=min(BKS_OUTPUT, BK), BV=min(BV_OUTPUT, head_block(V)), HAS_NORM=True, GATE=True,
+              ACC=tl.float32, MM="bf16")),
         ("bwd_local_dv_kernel", bwd_local_dv_kernel, walk),
         ("adjoint_walk_kernel", adjoint_walk_kernel,
          dict(walk, BV=walk_block(V), HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)),

@@ -57,7 +57,7 @@ def compose_adjoints_kernel(
             nu, row, HV, i_h, K, V, col, BK, BV, ACC)
     if HAS_OUT:
         if i_f == 0:
-            store_state_strided(out, tl.where(keep, Y, 0.0), i_h, stride_h, stride_k, K, V, col, BK, BV)
+            store_state_strided(out, tl.where(keep, Y, 0.0), i_h, stride_h, stride_k, K, V, 0, col, BK, BV)
 
 
 def compose_adjoints(

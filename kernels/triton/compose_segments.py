@@ -87,10 +87,10 @@ def compose_segments_kernel(
             store_state(final_state, X, i_f, HV, i_h, K, V, col, BK, BV)
     if HAS_OUT:
         if LAST_ONLY:
-            store_state_strided(out, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, col, BK, BV)
+            store_state_strided(out, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, 0, col, BK, BV)
         else:
             if i_f == last_real_fragment(frag_table, n_frag, BF):
-                store_state_strided(out, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, col, BK, BV)
+                store_state_strided(out, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, 0, col, BK, BV)
 
 
 def compose_segments(

@@ -9,30 +9,52 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, load_state, lower_dot, mm_mode,
-                      pointer, store_rows_cols, value_block)
+from ._common import (BT, acc_dtype, causal_segments, chunk_rows, dot, head_block, load_gates, load_qk_cols,
+                      load_rows_cols, load_state_rows, lower_dot, mm_mode, pointer, store_rows_cols)
 
 
 NUM_WARPS = 8
-"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+"""Warps per program (compile_specs --report)."""
+BKS_OUTPUT = 32
+"""Key columns per slice of Q and K."""
+BV_OUTPUT = 128
+"""Value columns per program: up to 128, one program per chunk and head makes
+``Q K^T`` once. On sm_90 (bf16, K = V = 128, triton 3.6) at 8 warps, slices of
+32 and tiles of 128 spill 4 B per thread (tiles of 64: none, 208 registers);
+the calibrated model prices a launch at T = 32K, HV = 32 at 827 us against
+1,055 with tiles of 64 and 1,293 before the key slices (whole ``[64, 128]``
+q and k tiles spilled 68 B); at 4 warps it spills 32 B (tiles of 64) to 1.3 KB."""
 
 
 @triton.jit
 def output_kernel(
     q, k, g, gate_params, h, v_new, o, q_rstd, k_rstd, chunk_table, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+    BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
     ACC: tl.constexpr, MM: tl.constexpr,
 ):
+    """One chunk, value head and value tile; grid (NC, HV, V / BV). ``Q K^T``
+    and ``diag(gamma) Q S0`` summed over key slices of ``BKS`` (each slice's
+    operands rounded as the whole tile's would be), so no ``[BT, K]`` tile
+    and no ``[K, BV]`` state is live at once."""
     i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    tok, m_t, G, b_q, scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, i_c,
-                                            H_qk, i_hk, HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC, MM)
-    S0 = load_state(h, i_c, HV, i_h, K, V, col, BK, BV, ACC)
+    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
+    tok = start + o_t
+    b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
+    b_qk = tl.zeros([BT, BT], dtype=ACC)
+    b_qs = tl.zeros([BT, BV], dtype=ACC)
+    for k0 in range(0, K, BKS):
+        b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
+        b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
+        b_qk += dot(b_q, tl.trans(b_k), MM)
+        S0 = load_state_rows(h, i_c, HV, i_h, K, V, k0, col, BKS, BV, ACC)
+        b_qs += dot(tl.exp(G)[:, None] * b_q, S0, MM)
+    segment, keep = causal_segments(b_g, False)
+    scores = tl.where(keep, b_qk * tl.exp(segment), 0.0)
     b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
-    b_o = scale * (dot(tl.exp(G)[:, None] * b_q, S0, MM) + lower_dot(scores, b_vn, MM))
-    store_rows_cols(o, b_o, tok, m_t, HV, i_h, V, col, BV)
+    store_rows_cols(o, scale * (b_qs + lower_dot(scores, b_vn, MM)), tok, m_t, HV, i_h, V, col, BV)
 
 
 def output(
@@ -54,10 +76,10 @@ def output(
     HV, V = v_new.shape[1], v_new.shape[2]
     if index.n_chunks == 0:
         return
-    BV = value_block(V)
+    BV = min(BV_OUTPUT, head_block(V))
     output_kernel[(index.n_chunks, HV, triton.cdiv(V, BV))](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        BT=BT, BKS=min(BKS_OUTPUT, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, frag_info, head_block, mm_mode, pointer, state_chunk, store_state,
-                      walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, frag_info, head_block, mm_mode, pointer, state_chunk,
+                      store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -39,18 +39,20 @@ def segment_summary_kernel(
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
     first, count, _initial_row, _flags = frag_info(frag_table, n_frag, i_r)
-    o_k = tl.arange(0, BK)
+    BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
+    o_k = tl.arange(0, BH)
     o_c = col + tl.arange(0, BV)
-    X = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0).to(ACC)
+    X1 = tl.where(o_k[:, None] == o_c[None, :] - V, 1.0, 0.0).to(ACC)
+    X2 = tl.where(BH + o_k[:, None] == o_c[None, :] - V, 1.0, 0.0).to(ACC)
     if not HAS_U:
         count = tl.where(col + BV <= V, 0, count)
     for j in range(0, count):
         tok, m_t, G, k_scale, gamma_last = walk_operands(
             g, gate_params, chunk_table, n_chunks, first + j, HV, i_h, BT, GATE, ACC)
         # HAS_U: columns past V read nothing (u = [U | 0])
-        X = state_chunk(k, k_rstd, w, u, u, X, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
-                        HV, i_h, K, V, col, BK, BV, HAS_NORM, HAS_U, False, MM, ACC)
-    store_state(summary, X, i_r, HV, i_h, K, V + K, col, BK, BV)
+        X1, X2 = state_chunk(k, k_rstd, w, u, u, X1, X2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
+                             HV, i_h, K, V, col, BH, BV, HAS_NORM, HAS_U, False, MM, ACC)
+    store_state_halves(summary, X1, X2, i_r, HV, i_h, K, V + K, col, BH, BV)
 
 
 def segment_summary(

@@ -9,15 +9,18 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, frag_info, head_block, last_real_fragment, load_state, mm_mode, pointer,
-                      state_chunk, store_state_strided, value_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, frag_info, head_block, last_real_fragment, load_state_halves, mm_mode, pointer,
+                      state_chunk, store_state_strided, walk_block, walk_operands)
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
 
 
-NUM_WARPS = 4
-"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+NUM_WARPS = 8
+"""Warps per program: with the state in halves (``_common.state_chunk``) and value
+tiles of 32 (``_common.walk_block``) it spills nothing on sm_90 at 8 warps and 2
+stages (bf16, K = V = 128, triton 3.6), against 64 to 600 B per thread at 4 warps."""
+NUM_STAGES = WALK_STAGES
 
 
 @triton.jit
@@ -38,22 +41,26 @@ def summary_walk_kernel(
     first, count, initial_row, flags = frag_info(frag_table, n_frag, last_real_fragment(frag_table, n_frag, BF))
     crosses_out = (flags & 6) == 2
     count = tl.where(crosses_out, count, 0)
-    o_k = tl.arange(0, BK)
+    BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
+    o_k = tl.arange(0, BH)
     o_c = col + tl.arange(0, BV)
     if IS_M:
         middle = crosses_out & ((flags & 1) != 0)
-        S = tl.where((o_k[:, None] == o_c[None, :]) & middle, 1.0, 0.0).to(ACC)
+        S1 = tl.where((o_k[:, None] == o_c[None, :]) & middle, 1.0, 0.0).to(ACC)
+        S2 = tl.where((BH + o_k[:, None] == o_c[None, :]) & middle, 1.0, 0.0).to(ACC)
     else:
-        S = tl.zeros([BK, BV], dtype=ACC)
+        S1 = tl.zeros([BH, BV], dtype=ACC)
+        S2 = tl.zeros([BH, BV], dtype=ACC)
         if HAS_INITIAL:
             if crosses_out & ((flags & 1) == 0):
-                S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
+                S1, S2 = load_state_halves(initial_state, initial_row, HV, i_h, K, V, col, BH, BV, ACC)
     for j in range(0, count):
         tok, m_t, G, k_scale, gamma_last = walk_operands(
             g, gate_params, chunk_table, n_chunks, first + j, HV, i_h, BT, GATE, ACC)
-        S = state_chunk(k, k_rstd, w, u, u, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
-                        HV, i_h, K, V, col, BK, BV, HAS_NORM, not IS_M, False, MM, ACC)
-    store_state_strided(out, S, i_h, stride_h, stride_k, K, WIDTH, col, BK, BV)
+        S1, S2 = state_chunk(k, k_rstd, w, u, u, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
+                             HV, i_h, K, V, col, BH, BV, HAS_NORM, not IS_M, False, MM, ACC)
+    store_state_strided(out, S1, i_h, stride_h, stride_k, K, WIDTH, 0, col, BH, BV)
+    store_state_strided(out, S2, i_h, stride_h, stride_k, K, WIDTH, BH, col, BH, BV)
 
 
 def summary_walk(
@@ -76,12 +83,12 @@ def summary_walk(
     for out, width, is_m in ((s_loc_out, V, False), (m_out, K, True)):
         if out is None:
             continue
-        BV = value_block(width)
+        BV = walk_block(width)
         summary_walk_kernel[(HV, triton.cdiv(width, BV))](
             k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
             initial_state if has_initial else g, out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
             HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out), MM=mm_mode(k),
-            num_warps=NUM_WARPS,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )

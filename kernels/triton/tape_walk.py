@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, frag_info, head_block, load_state, mm_mode, pointer,
-                      state_chunk, store_state, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, frag_info, head_block, load_state_halves, mm_mode,
+                      pointer, state_chunk, store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -32,26 +32,28 @@ def tape_walk_kernel(
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
     first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
-    S = tl.zeros([BK, BV], dtype=ACC)
+    BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
+    S1 = tl.zeros([BH, BV], dtype=ACC)
+    S2 = tl.zeros([BH, BV], dtype=ACC)
     if HAS_INITIAL:
         if (flags & 1) == 0:
-            S = load_state(initial_state, initial_row, HV, i_h, K, V, col, BK, BV, ACC)
+            S1, S2 = load_state_halves(initial_state, initial_row, HV, i_h, K, V, col, BH, BV, ACC)
     if HAS_S_IN:
         if (flags & 1) != 0:
-            S = load_state(s_in, 0, HV, i_h, K, V, col, BK, BV, ACC)
+            S1, S2 = load_state_halves(s_in, 0, HV, i_h, K, V, col, BH, BV, ACC)
     if HAS_CARRY:
         if (flags & 8) != 0:  # SEGMENT: a segment row starts at its carry-plane row (frag_table row 6)
-            S = load_state(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BK, BV, ACC)
+            S1, S2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BH, BV, ACC)
     for j in range(0, count):
         c = first + j
-        store_state(h_out, S, c, HV, i_h, K, V, col, BK, BV)
+        store_state_halves(h_out, S1, S2, c, HV, i_h, K, V, col, BH, BV)
         tok, m_t, G, k_scale, gamma_last = walk_operands(
             g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
-        S = state_chunk(k, k_rstd, w, u, v_new, S, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
-                        HV, i_h, K, V, col, BK, BV, HAS_NORM, True, True, MM, ACC)
+        S1, S2 = state_chunk(k, k_rstd, w, u, v_new, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
+                             HV, i_h, K, V, col, BH, BV, HAS_NORM, True, True, MM, ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
-            store_state(final_state, S, i_f, HV, i_h, K, V, col, BK, BV)
+            store_state_halves(final_state, S1, S2, i_f, HV, i_h, K, V, col, BH, BV)
 
 
 def tape_walk(

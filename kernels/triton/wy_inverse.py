@@ -2,12 +2,14 @@
 ``A = (I + strict_lower(diag(beta) K K^T * exp(G_i - G_j)))^-1``, the first
 launch of ``prep`` (``kernels.torch.prep`` computes the same A inside its prep).
 
-A program of its own rather than a stage of prep's W, U program: the inverse is
-a chain of 15 dependent substitution steps, and at the 8 warps W and U need one
-program holds an SM alone and waits out every step's latency (the calibrated
-model, ``benchmarks/roofline.py``: 1.5 ms of prep at T = 32K, HV = 32, against
-FLA's 0.57 ms for its two launches). Here, at 4 warps over key slices of 32,
-several programs share an SM and hide each other's steps."""
+A program of its own rather than a stage of one prep program: the inverse is a
+chain of 15 dependent substitution steps, and in an 8-warp prep one program
+held an SM alone and waited out every step's latency (the calibrated model,
+``benchmarks/roofline.py``: 1.55 ms of prep at T = 32K, HV = 32, against FLA's
+0.57 ms for its two launches). At 4 warps over key slices of 32, two programs
+share an SM and hide each other's steps; with the block merges as batched
+``[16, 16]`` and ``[32, 32]`` products (:func:`merge_pairs`) the model prices
+it at 339 us (561 with the ``[64, 64]`` merges; 662 at 8 warps)."""
 
 from __future__ import annotations
 
@@ -30,78 +32,89 @@ BC = tl.constexpr(INVERSE_BLOCK)
 
 
 @triton.jit
-def diagonal_block_inverse(b_L, BC: tl.constexpr):
-    """``(I + L)^-1`` on the ``[BC, BC]`` diagonal blocks of a strictly lower
-    ``[BT, BT]`` L (zero off them), by forward substitution in the compute dtype.
-    The blocks are taken out as one ``[BT / BC, BC, BC]`` tensor, so step r
-    solves row r of every block at once, ``Ai[r] = e_r - L[r, :r] Ai[:r]``,
-    over ``BT BC`` elements: a quarter of the ``[BT, BT]`` reductions of the
-    packed 2-D form, whose masked zeros were most of its work (prep's
-    substitution was 15 steps of two 4,096-element reductions; the spill
-    stores of the one-kernel prep at 8 warps on sm_90 fell 52 -> 20 B per
-    thread with it). Built as its transpose ``AiT[b, i, r] = Ai[b, r, i]`` so
-    that each reduction yields its vector in the layout the next broadcast reads."""
-    BT: tl.constexpr = b_L.shape[0]
-    NB: tl.constexpr = BT // BC
+def blocks_of(b_L, BC: tl.constexpr, OFFSET: tl.constexpr):
+    """``[BT / BC, BC, BC]``: block ``(a, a - OFFSET)`` of the ``[BT, BT]`` L
+    at ``[a]`` (the diagonal blocks at OFFSET 0, those just below at 1; zero
+    where ``a < OFFSET``)."""
+    NB: tl.constexpr = b_L.shape[0] // BC
     o_b = tl.arange(0, NB)
-    same = o_b[:, None, None, None] == o_b[None, None, :, None]  # [block, row, block, col]
-    b_D = tl.sum(tl.where(same, tl.reshape(b_L, [NB, BC, NB, BC]), 0.0), 2)  # [block, row, col]
+    m_block = o_b[:, None, None, None] == o_b[None, None, :, None] + OFFSET  # [block, row, block, col]
+    return tl.sum(tl.where(m_block, tl.reshape(b_L, [NB, BC, NB, BC]), 0.0), 2)
+
+
+@triton.jit
+def pair_member(x, i: tl.constexpr):
+    """``x[2 p + i]`` at ``[p]`` of a ``[2 P, R, C]`` stack."""
+    pairs = tl.reshape(x, [x.shape[0] // 2, 2, x.shape[1], x.shape[2]])
+    o_m = tl.arange(0, 2)
+    return tl.sum(tl.where(o_m[None, :, None, None] == i, pairs, 0.0), 1)
+
+
+@triton.jit
+def diagonal_block_inverse(b_D):
+    """``(I + D)^-1`` of a ``[NB, BC, BC]`` stack of strictly lower blocks, by
+    forward substitution in the compute dtype: step r solves row r of every
+    block at once, ``Ai[r] = e_r - D[r, :r] Ai[:r]``, over ``NB BC^2``
+    elements (as one packed ``[BT, BT]`` tile, each of the 15 steps was two
+    4,096-element reductions, most of them masked zeros). Built as its
+    transpose ``AiT[b, i, r] = Ai[b, r, i]`` so that each reduction yields its
+    vector in the layout the next broadcast reads."""
+    NB: tl.constexpr = b_D.shape[0]
+    BC: tl.constexpr = b_D.shape[1]
     o_c = tl.arange(0, BC)
-    eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0).to(b_L.dtype)
+    eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0).to(b_D.dtype)
     b_AiT = tl.broadcast_to(eye[None, :, :], [NB, BC, BC])
     for r in tl.static_range(1, BC):
         b_l = tl.sum(tl.where(o_c[None, :, None] == r, b_D, 0.0), 1)  # [block, j]: row r of each block
         b_a = -tl.sum(b_AiT * b_l[:, None, :], 2)  # [block, i]: rows above r are final, the rest read 0
         b_AiT = tl.where((o_c[None, None, :] == r) & (o_c[None, :, None] != r), b_a[:, :, None], b_AiT)
-    b_Ai = tl.where(same, tl.trans(b_AiT, 0, 2, 1)[:, :, None, :], 0.0)  # back on the diagonal of [BT, BT]
-    return tl.reshape(b_Ai, [BT, BT])
+    return tl.trans(b_AiT, 0, 2, 1)
 
 
 @triton.jit
-def merge_operand(b_L, BC: tl.constexpr, MM: tl.constexpr):
-    """The ``M21`` blocks that :func:`merge_lower_inverse` reads at ``BC``: L on
-    its ``[2 BC, 2 BC]`` diagonal blocks but off the ``[BC, BC]`` ones (zero
-    elsewhere), already as the products read it (:func:`operand`)."""
-    o_i = tl.arange(0, b_L.shape[0])
-    m_pair = o_i[:, None] // (2 * BC) == o_i[None, :] // (2 * BC)
-    m_21 = m_pair & (o_i[:, None] // BC != o_i[None, :] // BC)
-    return operand(tl.where(m_21, b_L, 0.0), MM)
-
-
-@triton.jit
-def merge_lower_inverse(b_Ai, b_M, MM: tl.constexpr):
-    """The inverses of ``I + L`` on its ``[2 BC, 2 BC]`` diagonal blocks from
-    those on its ``[BC, BC]`` ones (``b_Ai``, zero off them) and the ``M21``
-    blocks ``b_M`` (:func:`merge_operand`): for ``[[M11, 0], [M21, M22]]`` the
-    inverse is ``[[Ai11, 0], [-Ai22 M21 Ai11, Ai22]]``. Every block pair at once
-    as two ``[BT, BT]`` tensor-core products, ``(Ai M21) Ai``, the zeros of both
-    operands adding exact zeros; the diagonal blocks of ``b_Ai`` pass through
-    unrounded."""
-    return b_Ai - dot(dot(b_Ai, b_M, MM), b_Ai, MM)
+def merge_pairs(b_Ai, b_M, MM: tl.constexpr):
+    """The inverses of ``I + L`` on its ``[2 BC, 2 BC]`` diagonal blocks
+    (``[NB / 2, 2 BC, 2 BC]``) from those on its ``[BC, BC]`` ones (``b_Ai``,
+    ``[NB, BC, BC]``) and the blocks between each pair (``b_M``,
+    ``[NB / 2, BC, BC]``, as the products read them): for
+    ``[[M11, 0], [M21, M22]]`` the inverse is ``[[Ai11, 0], [-Ai22 M21 Ai11, Ai22]]``.
+    Every pair at once as two batched ``[BC, BC]`` products ``(Ai22 M21) Ai11``,
+    at the rounding points of ``kernels.torch.prep.merge_lower_inverse`` (whose
+    ``[BT, BT]`` products add exact zeros around these blocks: 34 of the
+    inverse's 53 GFLOP at T = 32K, HV = 32 against 3 here); the diagonal
+    blocks pass through unrounded."""
+    BC: tl.constexpr = b_Ai.shape[1]
+    b_E, b_O = pair_member(b_Ai, 0), pair_member(b_Ai, 1)
+    b_X = dot(dot(b_O, b_M, MM), b_E, MM)
+    o_m = tl.arange(0, 2)
+    s, t = o_m[None, :, None, None, None], o_m[None, None, None, :, None]  # [pair, s, row, t, col]
+    out = tl.where((s == 0) & (t == 0), b_E[:, None, :, None, :],
+                   tl.where((s == 1) & (t == 1), b_O[:, None, :, None, :],
+                            tl.where((s == 1) & (t == 0), -b_X[:, None, :, None, :], 0.0)))
+    return tl.reshape(out, [b_M.shape[0], 2 * BC, 2 * BC])
 
 
 @triton.jit
 def unit_lower_inverse(b_L, BC: tl.constexpr, MM: tl.constexpr):
     """``(I + L)^-1`` of a strictly lower ``[BT, BT]`` L (``BT = 4 BC``): the
     ``BC`` diagonal blocks by substitution (:func:`diagonal_block_inverse`),
-    then merged to ``2 BC`` and ``4 BC`` (:func:`merge_lower_inverse`) with
-    products under the rule ``MM``, as ``kernels.torch.prep.unit_lower_inverse``.
-    A non-finite entry of L is zeroed and its row and every row after it made
+    then merged to ``2 BC`` and ``4 BC`` (:func:`merge_pairs`) with products
+    under the rule ``MM``, as ``kernels.torch.prep.unit_lower_inverse``. A
+    non-finite entry of L is zeroed and its row and every row after it made
     NaN (:func:`rows_reached`): the products would spread ``0 * inf`` to rows
     before it, and row i of the inverse depends on rows ``<= i`` of L only."""
-    tl.static_assert(b_L.shape[0] == 4 * BC)
+    BT: tl.constexpr = b_L.shape[0]
+    tl.static_assert(BT == 4 * BC)
     finite = (b_L - b_L) == 0.0
     m_reached = rows_reached(finite)  # [BT] rather than the [BT, BT] mask live through the products
     b_L = tl.where(finite, b_L, 0.0)
     # The merges' operands first, in their operand dtype (bf16 for bf16 inputs), so the
-    # fp32 L is not live through the substitution and the products: prep's spill stores
-    # on sm_90 152 -> 52 B per thread.
-    b_M1 = merge_operand(b_L, BC, MM)
-    b_M2 = merge_operand(b_L, 2 * BC, MM)
-    b_Ai = diagonal_block_inverse(b_L, BC)
-    b_Ai = merge_lower_inverse(b_Ai, b_M1, MM)
-    b_Ai = merge_lower_inverse(b_Ai, b_M2, MM)
-    return tl.where(m_reached[:, None], float("nan"), b_Ai)
+    # fp32 L is not live through the substitution and the products.
+    b_M1 = operand(pair_member(blocks_of(b_L, BC, 1), 1), MM)  # blocks (1, 0) and (3, 2)
+    b_M2 = operand(pair_member(blocks_of(b_L, 2 * BC, 1), 1), MM)  # block (1, 0) at 2 BC
+    b_Ai = diagonal_block_inverse(blocks_of(b_L, BC, 0))
+    b_Ai = merge_pairs(merge_pairs(b_Ai, b_M1, MM), b_M2, MM)  # [2, 2 BC, 2 BC], then [1, BT, BT]
+    return tl.where(m_reached[:, None], float("nan"), tl.reshape(b_Ai, [BT, BT]))
 
 
 @triton.jit
