@@ -490,13 +490,19 @@ def state_chunk(k, k_rstd, w, u, v_new, X1, X2, tok, m_t, k_scale, gamma_last, H
 
 @triton.jit
 def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
-                 BT: tl.constexpr, BK: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+                 BT: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
                  ACC: tl.constexpr, MM: tl.constexpr):
-    """Chunk ``c`` of head ``h``: rows, gates, q, and the decayed causal scores
-    ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (output and local dv read them)."""
+    """Chunk ``c`` of head ``h``: rows, and the decayed causal scores
+    ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (local dv reads them), ``Q K^T``
+    summed over key slices of ``BKS`` (each slice's operands rounded as the
+    whole tile's would be)."""
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
     tok = start + o_t
-    b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, h, GATE, ACC)
-    b_q = load_qk(q, q_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
-    b_k = load_qk(k, k_rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC)
-    return tok, m_t, G, b_q, causal_scores(b_q, b_k, b_g, False, MM)
+    b_g = gate_rows(g, gate_params, tok, m_t, HV, h, GATE, ACC)
+    b_qk = tl.zeros([BT, BT], dtype=ACC)
+    for k0 in range(0, K, BKS):
+        b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, k0, BKS, HAS_NORM, ACC)
+        b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, k0, BKS, HAS_NORM, ACC)
+        b_qk += dot(b_q, tl.trans(b_k), MM)
+    segment, keep = causal_segments(b_g, False)
+    return tok, m_t, tl.where(keep, b_qk * tl.exp(segment), 0.0)

@@ -12,24 +12,33 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, mm_mode, pointer,
-                      store_rows_cols, value_block)
+                      store_rows_cols)
 
 
-NUM_WARPS = 8
-"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+NUM_WARPS = 4
+"""Warps per program. On sm_90 (bf16, K = V = 128, triton 3.6) with key slices
+of 32 and value tiles of 32 it takes 224 registers and spills nothing: two
+programs share an SM, which the calibrated model prices at 354 us a launch at
+T = 32K, HV = 32 (whole q and k tiles at 8 warps: 255 registers, one program
+per SM, 467 us; FLA's 297)."""
+BKS_LOCAL_DV = 32
+"""Key columns per slice of Q and K."""
+BV_LOCAL_DV = 32
+"""Value columns per tile of dO and dv."""
 
 
 @triton.jit
 def bwd_local_dv_kernel(
     q, k, g, gate_params, do, dv, q_rstd, k_rstd, chunk_table, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+    BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
     ACC: tl.constexpr, MM: tl.constexpr,
 ):
+    """One chunk of one value head, looping over value tiles; grid (NC, HV)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    tok, m_t, _, _, scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk, i_hk,
-                                          HV, i_h, K, BT, BK, HAS_NORM, GATE, ACC, MM)
+    tok, m_t, scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk, i_hk,
+                                    HV, i_h, K, BT, BKS, HAS_NORM, GATE, ACC, MM)
     b_scores_t = tl.trans(scores)
     for col in range(0, V, BV):
         b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
@@ -54,10 +63,10 @@ def bwd_local_dv(
     HV, V = do.shape[1], do.shape[2]
     if index.n_chunks == 0:
         return
-    BV = value_block(V)
+    BV = min(BV_LOCAL_DV, head_block(V))
     bwd_local_dv_kernel[(index.n_chunks, HV)](
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        BT=BT, BKS=min(BKS_LOCAL_DV, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
     )

@@ -31,7 +31,7 @@ from .adjoint_summary import adjoint_summary_kernel
 from .adjoint_walk import adjoint_walk_kernel
 from .bwd_dqkwg import BKS_DQKWG, BV_DQKWG, bwd_dqkwg_kernel
 from .bwd_gate_cumsum import bwd_gate_cumsum_kernel
-from .bwd_local_dv import bwd_local_dv_kernel
+from .bwd_local_dv import BKS_LOCAL_DV, BV_LOCAL_DV, bwd_local_dv_kernel
 from .bwd_qk_norm import BT_NORM, bwd_qk_norm_kernel
 from .bwd_wy import BKS_WY, BV_WY, bwd_wy_kernel
 from .compose_adjoints import compose_adjoints_kernel
@@ -99,7 +99,9 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("output_kernel", output_kernel, 
          dict(BT=BT, BKS=min(BKS_OUTPUT, BK), BV=min(BV_OUTPUT, head_block(V)), HAS_NORM=True, GATE=True,
               ACC=tl.float32, MM="bf16")),
-        ("bwd_local_dv_kernel", bwd_local_dv_kernel, walk),
+        ("bwd_local_dv_kernel", bwd_local_dv_kernel,
+         dict(BT=BT, BKS=min(BKS_LOCAL_DV, BK), BV=min(BV_LOCAL_DV, head_block(V)), HAS_NORM=True, GATE=True,
+              ACC=tl.float32, MM="bf16")),
         ("adjoint_walk_kernel", adjoint_walk_kernel,
          dict(walk, BV=walk_block(V), HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
