@@ -6,10 +6,10 @@ A program of its own rather than a stage of one prep program: the inverse is a
 chain of 15 dependent substitution steps, and in an 8-warp prep one program
 held an SM alone and waited out every step's latency (the calibrated model,
 ``benchmarks/roofline.py``: 1.55 ms of prep at T = 32K, HV = 32, against FLA's
-0.57 ms for its two launches). At 4 warps over key slices of 32, two programs
+0.57 ms for its two launches). At 4 warps over key slices of 64, three programs
 share an SM and hide each other's steps; with the block merges as batched
 ``[16, 16]`` and ``[32, 32]`` products (:func:`merge_pairs`) the model prices
-it at 339 us (561 with the ``[64, 64]`` merges; 662 at 8 warps)."""
+it at 324 us (561 with the ``[64, 64]`` merges; 662 at 8 warps)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from ._common import (causal_segments, chunk_rows, dot, load_beta, load_gates, l
 NUM_WARPS = 4
 """Warps per program (compile_specs --report)."""
 
-BKS_INVERSE = 32
-"""Key columns per slice of ``K K^T`` (the whole ``[64, K]`` k tile in fp32 would
-take 64 registers a thread at 4 warps)."""
+BKS_INVERSE = 64
+"""Key columns per slice of ``K K^T``. On sm_90 (bf16, K = V = 128, triton 3.6)
+at 4 warps: 167 registers and three programs per SM at 64 and at 16, 201 and
+two at 32 (the calibrated model: 324 against 339 us a launch at T = 32K,
+HV = 32); at 2 warps slices of 32 spill 228 B per thread."""
 
 BC = tl.constexpr(INVERSE_BLOCK)
 """Diagonal blocks of :func:`unit_lower_inverse` (``kernels.torch.prep.INVERSE_BLOCK``)."""
