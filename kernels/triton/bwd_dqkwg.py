@@ -19,7 +19,8 @@ BV_DQKWG = 16
 --report, 8 warps) were 4,084 B with whole K and 64-wide V blocks, 3,548 with
 32-wide K blocks, 1,520 with 32 / 32; at 32 / 16, 748 / 1,292 under triton 3.9
 and 688 / 1,176 under 3.6 (the GPU machine's), which the loop reloads; at
-16 / 16, 152 / 216 and 112 / 140."""
+16 / 16, 152 / 216 and 112 / 140, and none under 3.6 once ``Q K^T`` is
+reduced before the loop."""
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 
@@ -45,8 +46,14 @@ def bwd_dqkwg_kernel(
     dscores = scale * do_vn * causal_decay(b_g, False)  # dP * D
     # K in blocks of BKS columns: whole [BT, 128] fp32 tiles of q, k, dO S0^T,
     # Vn dS^T and dw spilled 4,084 B per thread on sm_90 (compile_specs --report)
+    # dP * P reduced first: a [BT, BT] Q K^T live through the loop below spilled
+    # 112 / 140 B per thread on sm_90 (8 warps, triton 3.6), none without it
     qk = tl.zeros([BT, BT], dtype=ACC)
-    dG = tl.zeros([BT], dtype=ACC)
+    for c0 in tl.static_range(0, BK, BKS):
+        qk += dot(load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC),
+                  tl.trans(load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)), MM)
+    through_scores = dscores * qk  # dP * P
+    dG = tl.sum(through_scores, 1) - tl.sum(through_scores, 0)
     through_end = tl.zeros([BT], dtype=ACC)
     dS_S0 = tl.zeros([BV], dtype=ACC)  # <dS, S0>, summed at the end
     for c0 in tl.static_range(0, BK, BKS):
@@ -70,11 +77,9 @@ def bwd_dqkwg_kernel(
         store_rows_cols(dq, dq_state + dot(dscores, b_k, MM), tok, m_t, HV, i_h, K, c0, BKS)
         store_rows_cols(dk, dot(tl.trans(dscores), b_q, MM) + dk_end, tok, m_t, HV, i_h, K, c0, BKS)
         store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, c0, BKS)
-        qk += dot(b_q, tl.trans(b_k), MM)
         dG += tl.sum(dq_state * b_q, 1)
         through_end += tl.sum(dk_end * b_k, 1)
-    through_scores = dscores * qk  # dP * P
-    dG += tl.sum(through_scores, 1) - tl.sum(through_scores, 0) - through_end
+    dG -= through_end
     d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(dS_S0, 0)
     dG += tl.where(o_t == length - 1, d_last, 0.0)
     store_scalars(dg, dG, tok, m_t, HV, i_h)
