@@ -57,13 +57,11 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import importlib
 import json
 import math
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -81,7 +79,7 @@ if __name__ == "__main__":  # before triton is imported: compile for real, ptxas
 import torch
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
-from gdn_kcp.kernels.triton._common import head_block, value_block, walk_block
+from gdn_kcp.kernels.triton._common import head_block, walk_block
 from gdn_kcp.kernels.triton.output import BV_OUTPUT
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
@@ -189,8 +187,8 @@ options (host/forward.py, host/backward.py; tests/test_roofline.py checks it).""
 def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
     """Every Triton launch of OUR_PROGRAMS; ``e``: bytes per element of each pool."""
     C, K, V, HV, H, NC = s.C, s.K, s.V, s.HV, s.H, s.NC
-    BV, BC, BW = value_block(V), INVERSE_BLOCK, walk_block(V)  # BW: the tape and adjoint walks' value tile
-    NV, NW, G, n = -(-V // BV), -(-V // BW), HV // H, BF16
+    BC, BW = INVERSE_BLOCK, walk_block(V)  # BW: the walks' value tile
+    NW, G, n = -(-V // BW), HV // H, BF16
     qk = 2 * C * K * n + 2 * C * e["q_rstd"]  # q and k rows of a chunk, with their norms
 
     def prep(phase: str) -> list[Launch]:

@@ -9,7 +9,6 @@ facts are benchmarks/h200_facts.json)."""
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
