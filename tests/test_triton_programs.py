@@ -124,3 +124,33 @@ def test_torch_segment_programs_equal_the_unsegmented_walks(name):
         errors[key] = ((segmented[key].double() - expected.double()).abs().max() / scale).item()
     bad = {k: v for k, v in errors.items() if not v < 1e-5}
     assert not bad, bad
+
+
+@pytest.mark.parametrize("name", ["k", "v"])
+def test_prep_spreads_a_non_finite_row_over_every_column(name):
+    """A NaN in one column of k (or v) at token t makes rows t.. of its chunk
+    NaN in every column of w (or u), and leaves the rows before t finite, on
+    both backends: the Triton W, U launch computes in column slices (K = 80:
+    two key slices, the second cut by the mask; V = 96: three value slices)
+    and must not keep the NaN to its own slice, as the torch twin's
+    lower_matmul does not."""
+    from gdn_kcp.kernels import CHUNK_SIZE
+    from gdn_kcp.kernels import torch as torch_programs
+    from gdn_kcp.kernels import triton as triton_programs
+    from gdn_kcp.kernels.chunk_index import ChunkIndex
+
+    T, K, V, t, column = 100, 80, 96, 70, 5  # token 70: row 6 of the second chunk
+    q, k, v, g, beta = make_inputs(T, 1, 1, K, V, dtype=torch.float32, seed=11)
+    flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
+    flat[1 if name == "k" else 2][t, 0, column] = float("nan")
+    index = ChunkIndex.from_fragments((0, T), frag_flags=[0], device="cpu")
+    out = {}
+    for backend, programs in (("torch", torch_programs), ("triton", triton_programs)):
+        A, w, u = torch.empty(T, 1, CHUNK_SIZE), torch.empty(T, 1, K), torch.empty(T, 1, V)
+        programs.prep(*flat, index, A_out=A, w_out=w, u_out=u)
+        out[backend] = w if name == "k" else u
+    for backend, x in out.items():
+        rows_nan = torch.isnan(x[:, 0]).all(-1)
+        assert rows_nan[t:].all(), backend  # every column of rows t..99 (one chunk from 64)
+        assert torch.isfinite(x[:t, 0]).all(), backend
+    assert rel_rms(out["triton"][:t], out["torch"][:t]) < 1e-5  # the rows before t as the twin computes them

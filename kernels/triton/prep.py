@@ -47,6 +47,7 @@ def nan_rows_reached(ptr, b_bad, tok, m_t, H, h, D, BD: tl.constexpr):
     :func:`lower_dot` over all D columns makes of a non-finite operand row,
     for a product computed in column slices. Stores only when a row is flagged."""
     if tl.max(b_bad, 0) > 0:
+        tl.debug_barrier()  # every thread's slice stores land before the NaN stores over them
         m_nan = m_t & (tl.cumsum(b_bad, 0) > 0)
         for col in range(0, D, BD):
             store_rows_cols(ptr, tl.full([b_bad.shape[0], BD], float("nan"), tl.float32), tok, m_nan, H, h, D, col,
