@@ -581,7 +581,8 @@ def compare(s: Shape, facts: Mapping, m: Machine = H200) -> dict:
 def breakdown(results: Mapping) -> str:
     """The sentence of docs/cuda.md on where ours loses, from the estimate's rows (ms)."""
     def ms(name: str, kernels: set, phase: str) -> float:
-        return sum(r["n"] * r["time"] for r in results[name]["rows"] if r["kernel"] in kernels and r["phase"] == phase) * 1e3
+        rows = results[name]["rows"]
+        return sum(r["n"] * r["time"] for r in rows if r["kernel"] in kernels and r["phase"] == phase) * 1e3
 
     intra = {"chunk_gated_delta_rule_fwd_kkt_solve_kernel", "recompute_w_u_fwd_kernel"}
     return (f"prep {ms('ours', {'wy_inverse_kernel', 'prep_kernel'}, 'fwd'):.2f} ms in the forward against "

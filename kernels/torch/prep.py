@@ -97,10 +97,11 @@ def prep(
 
     q, k: ``[T, H_qk, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``.
     Writes A_out ``[T, HV, C]`` (row i of its chunk's A: the Triton twin's W, U
-    launch reads it back, so a forward without a backward still binds it), w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, each computed in
-    fp32 (fp64 for fp64 inputs) and rounded to its own dtype. With
-    ``q_rstd_out`` / ``k_rstd_out`` (``[T, H_qk]``) given, q and k are
-    L2-normalised and their reciprocal norms written there.
+    launch reads it back, so a forward without a backward still binds it),
+    w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, each computed in fp32 (fp64
+    for fp64 inputs) and rounded to its own dtype. With ``q_rstd_out`` /
+    ``k_rstd_out`` (``[T, H_qk]``) given, q and k are L2-normalised and their
+    reciprocal norms written there.
     """
     cdt = accumulator_dtype(k.dtype)
     HV = v.shape[1]

@@ -96,7 +96,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
          dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, BV=walk_block(V), IS_M=False)),
         ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=walk_block(K), IS_M=True)),
-        ("output_kernel", output_kernel, 
+        ("output_kernel", output_kernel,
          dict(BT=BT, BKS=min(BKS_OUTPUT, BK), BV=min(BV_OUTPUT, head_block(V)), HAS_NORM=True, GATE=True,
               ACC=tl.float32, MM="bf16")),
         ("bwd_local_dv_kernel", bwd_local_dv_kernel,

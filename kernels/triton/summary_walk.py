@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, frag_info, head_block, last_real_fragment, load_state_halves, mm_mode, pointer,
-                      state_chunk, store_state_strided, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, frag_info, head_block, last_real_fragment, load_state_halves,
+                      mm_mode, pointer, state_chunk, store_state_strided, walk_block, walk_operands)
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
