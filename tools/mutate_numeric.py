@@ -57,6 +57,7 @@ TEST_MAP = {
     "kernels/torch/": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_wy_inverse.py"),
     "kernels/triton/short_conv.py": ("tests/test_short_conv.py",),
     "kernels/triton/prep.py": ("tests/test_wy_inverse.py", "tests/test_triton_programs.py"),
+    "kernels/triton/wy_inverse.py": ("tests/test_wy_inverse.py", "tests/test_triton_programs.py"),
     "kernels/triton/_common.py": ("tests/test_triton_programs.py", "tests/test_gate_keywords.py"),  # the gate loads
     "kernels/triton/": ("tests/test_triton_programs.py",),
     "kernels/segments.py": ("tests/test_segments.py",),

@@ -193,18 +193,6 @@ def softplus(x):
 
 
 @triton.jit
-def load_qk_operand(ptr, rstd, tok, m_t, H_qk, hk, K, BK: tl.constexpr, HAS_NORM: tl.constexpr, MM: tl.constexpr,
-                    ACC: tl.constexpr):
-    """q or k rows of key head ``hk`` as the products read them, L2-normalised
-    (in ``ACC``, then rounded once to the operand) when ``HAS_NORM``. The norm
-    stays on this side: its reciprocal is unbounded (1,000 for a zero row at
-    eps 1e-6), so on the other operand it would overflow fp16."""
-    if HAS_NORM:
-        return operand(load_qk(ptr, rstd, tok, m_t, H_qk, hk, K, BK, HAS_NORM, ACC), MM)
-    return load_operand(ptr, tok, m_t, H_qk, hk, K, BK, MM, ACC)
-
-
-@triton.jit
 def gate_rows(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.constexpr):
     """The gates of rows ``tok`` of head ``h`` (rows outside ``m_t`` 0); with
     ``GATE`` computed from the raw input as :func:`load_gates` says."""
@@ -255,7 +243,10 @@ def load_qk_cols(ptr, rstd, tok, m_t, H_qk, hk, K, col0, BD: tl.constexpr, HAS_N
 
 @triton.jit
 def load_qk(ptr, rstd, tok, m_t, H_qk, hk, K, BK: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
-    """q or k rows of key head ``hk``, L2-normalised when ``HAS_NORM``."""
+    """q or k rows of key head ``hk``, L2-normalised when ``HAS_NORM`` (in
+    ``ACC``; the products then round the normalised rows once). The norm stays
+    on this side of every product: its reciprocal is unbounded (1,000 for a
+    zero row at eps 1e-6), so on the other operand it would overflow fp16."""
     return load_qk_cols(ptr, rstd, tok, m_t, H_qk, hk, K, 0, BK, HAS_NORM, ACC)
 
 
