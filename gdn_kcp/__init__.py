@@ -23,6 +23,7 @@ from gdn_kcp.queries import (
     gdn_workspace_bytes_kcp,
     gdn_workspace_layout_kcp,
 )
+from gdn_kcp.recurrent import fused_recurrent_gated_delta_rule
 from gdn_kcp.reference import naive_recurrence
 from gdn_kcp.workspace import WorkspaceKcp, record_workspace
 
@@ -37,6 +38,7 @@ __all__ = [
     "build_kcp_context",
     "check_cp_gradients",
     "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
     "gdn_comm_bytes_kcp",
     "gdn_det_comm_bytes_kcp",
     "gdn_det_saved_bytes_kcp",

@@ -17,17 +17,17 @@ from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.validate import INDEX_DTYPES, check_bounds_tensor, check_flag, check_tensor, values_readable
 
 
-def fla_keywords(state_v_first: object, kwargs: dict) -> bool:
-    """Check FLA's extra keywords of ``**kwargs`` and return ``state_v_first``:
+def fla_keywords(state_v_first: object, kwargs: dict, fn: str = "chunk_gated_delta_rule") -> bool:
+    """Check FLA's extra keywords of ``fn``'s ``**kwargs`` and return ``state_v_first``:
     ``transpose_state_layout`` (FLA's deprecated name of ``state_v_first``,
     with FLA's warning and its error when both are given), ``head_first``
     (removed by FLA, which raises ``DeprecationWarning``), ``chunk_size``
-    (only 64). FLA ignores any other keyword; here it is a ``TypeError``, so a
+    (only 64; the chunked entry only). FLA ignores any other keyword; here it is a ``TypeError``, so a
     misspelt option is never dropped."""
     check_flag("state_v_first", state_v_first)
     kwargs = dict(kwargs)
     if "head_first" in kwargs:
-        raise DeprecationWarning("head_first was removed from chunk_gated_delta_rule (as in flash-linear-attention): "
+        raise DeprecationWarning(f"head_first was removed from {fn} (as in flash-linear-attention): "
                                  "pass q, k, v, g, beta as [B, T, H, ...]")
     if "transpose_state_layout" in kwargs:
         if state_v_first:
@@ -36,14 +36,14 @@ def fla_keywords(state_v_first: object, kwargs: dict) -> bool:
                       stacklevel=3)
         state_v_first = kwargs.pop("transpose_state_layout")
         check_flag("transpose_state_layout", state_v_first)
-    if "chunk_size" in kwargs:
+    if "chunk_size" in kwargs and fn == "chunk_gated_delta_rule":
         chunk_size = kwargs.pop("chunk_size")
         if type(chunk_size) is not int or chunk_size != CHUNK_SIZE:
             raise ValueError(f"chunk_size = {chunk_size!r} is not supported: the kernels cut chunks of "
                              f"chunk_size={CHUNK_SIZE} tokens only")
     unknown = sorted(kwargs)
     if unknown:
-        raise TypeError(f"chunk_gated_delta_rule() got unexpected keyword arguments {unknown}")
+        raise TypeError(f"{fn}() got unexpected keyword arguments {unknown}")
     return state_v_first
 
 

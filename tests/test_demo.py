@@ -36,3 +36,25 @@ def test_demo_runs_without_numpy(tmp_path):
     assert lines[oracle + 3].startswith("training a 2-layer GatedDeltaNet byte LM")
     held_out = [line for line in lines if "held-out" in line and "bits per byte" in line]
     assert len(held_out) == 3, run.stdout  # steps 0, 1 and 2
+    continuation = next(i for i, line in enumerate(lines) if line.startswith("greedy continuation of a held-out file"))
+    assert "120 bytes generated with the decode caches" in lines[continuation]
+    assert lines[continuation + 1] == "--- prompt ---" and "--- continuation ---" in lines[continuation + 2:]
+
+
+def test_generation_through_the_caches_equals_the_full_forward():
+    """The byte LM's cached decoding (prefill, then one step per byte) gives
+    the logits of running the whole sequence at once, so its greedy bytes are
+    the full forward's argmax at every position."""
+    import torch
+
+    from gdn_kcp.demo.byte_lm import ByteLM
+
+    torch.manual_seed(0)
+    model = ByteLM().double()
+    prompt = b"def main():\n    return "
+    text, seconds = model.generate(prompt, 12)
+    assert len(text) == 12 and seconds > 0 and model.training
+    tokens = torch.tensor(list(prompt + text))
+    with torch.no_grad():
+        logits = model.eval()(tokens)
+    assert bytes(logits[len(prompt) - 1:-1].argmax(-1).tolist()) == text

@@ -63,13 +63,11 @@ def test_bad_constructor_arguments(kwargs, match):
         GatedDeltaNet(hidden_size=64, **kwargs)
 
 
-def test_decode_caches_are_refused_and_fla_keywords_are_taken():
-    """Decode caches are not built yet (a ValueError); like FLA's layer, the
-    constructor and forward take other keywords and ignore them."""
+def test_fla_keywords_are_taken():
+    """Like FLA's layer, the constructor and forward take other keywords and
+    ignore them (decode caches: test_layer_decode.py)."""
     layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2, fuse_norm=True, some_config_key=3)
     x = torch.randn(1, 10, 32)
-    with pytest.raises(ValueError, match="use_cache=True"):
-        layer(x, use_cache=True)
     ours, _, _ = layer(x, output_attentions=False, position_ids=None, unknown_flag=True)
     assert torch.equal(ours, layer(x)[0])
 

@@ -11,6 +11,7 @@ def test_all_is_pinned():
         "build_kcp_context",
         "check_cp_gradients",
         "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
         "gdn_comm_bytes_kcp",
         "gdn_det_comm_bytes_kcp",
         "gdn_det_saved_bytes_kcp",

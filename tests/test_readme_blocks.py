@@ -15,7 +15,7 @@ from gdn_kcp import OptionsKcp
 RUN_BLOCKS = {
     ("README.md", "The FLA-style call"): 1,
     ("README.md", "Key-context parallelism"): 1,
-    ("README.md", "The layer"): 1,
+    ("README.md", "The layer"): 2,
     ("README.md", "Compile and capture"): 1,
     ("README.md", "Byte queries"): 1,
     ("docs/bytes.md", "Byte queries"): 1,
@@ -43,6 +43,12 @@ def test_layer_block():
     ns = run_block("README.md", "The layer")
     assert ns["o"].shape == (1, 1000, 64)
     assert all(p.grad is not None for p in ns["layer"].parameters())
+
+
+def test_layer_decode_block():
+    ns = run_block("README.md", "The layer", 1)
+    assert ns["o"].shape == (2, 40, 64) and ns["step"].shape == (2, 1, 64)
+    assert ns["cache"].get_seq_length() == 41 and ns["cache"][0]["recurrent_state"].shape == (2, 2, 16, 32)
 
 
 def test_readme_byte_query_block():

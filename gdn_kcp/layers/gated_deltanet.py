@@ -8,6 +8,11 @@ loads with ``strict=True``), computing its training-mode math on one rank:
     o       = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
     o       = rmsnorm(o) * o_norm.weight * silu(g_proj(x))   per value head (use_gate)
     out     = o_proj(o)
+
+With FLA's decode caches (``use_cache``, ``past_key_values``), each row
+continues from its cached convolution inputs and state; outside training a
+call with one token per row runs the decode step programs
+(:mod:`gdn_kcp.recurrent`), any other call the chunked path from the states.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.options import OptionsKcp
+from gdn_kcp.recurrent import conv_step_op, fused_recurrent_gated_delta_rule
 from gdn_kcp.workspace import WorkspaceKcp
 
+from .cache import conv_over_history
 from .halo import conv_halo
 from .short_conv import ShortConvolution, short_conv
 
@@ -58,7 +65,9 @@ class GatedDeltaNet(nn.Module):
     ``num_v_heads`` (default ``num_heads``) value heads of ``head_dim *
     expand_v`` dims read ``num_heads`` key heads of ``head_dim`` (GVA).
     ``mode`` is accepted for compatibility: both modes compute the same math
-    here, by the chunked kernels.
+    here (FLA's choice between them is made here by the call: one token per
+    row outside training runs the recurrent step, anything else the chunked
+    kernels).
 
     Example::
 
@@ -147,7 +156,12 @@ class GatedDeltaNet(nn.Module):
         a token, 0 for padding, left or right; its last T columns are read,
         as FLA reads them) runs the kept tokens of each row as one document of
         a packed stream and pads the output back with zeros, as FLA's layer
-        does (its packing reads the mask on the host). Other keywords are
+        does (its packing reads the mask on the host). ``past_key_values``
+        (a :class:`~gdn_kcp.layers.Cache` or FLA's ``Cache``; needs
+        ``layer_idx``): each row (document) continues from this layer's
+        cached states, and with ``use_cache=True`` the new states are stored
+        there (:mod:`gdn_kcp.layers.cache`); outside training one token per
+        row is a decode step through the step programs. Other keywords are
         taken and ignored, as FLA's layer ignores them. With ``kcp_context`` (a
         :class:`~gdn_kcp.KcpContext`) the rows are this rank's range of the
         packed stream (``[1, T_r, hidden_size]``): the short convolutions read
@@ -161,9 +175,9 @@ class GatedDeltaNet(nn.Module):
         ``OptionsKcp(use_qk_l2norm=True, with_conv=True, conv_size=conv_size)``,
         the options whose byte queries count this layer's halo; see
         :meth:`kcp_options`). Returns FLA's ``(o, None, past_key_values)``."""
-        if use_cache or past_key_values is not None:
-            raise ValueError("GatedDeltaNet computes training-mode math: decode caches (use_cache=True, "
-                             "past_key_values) are not supported")
+        if kcp_context is not None and (use_cache or past_key_values is not None):
+            raise ValueError("decode caches (use_cache=True, past_key_values) run on one rank: call the layer "
+                             "without kcp_context to prefill and decode")
         if kcp_context is not None and cu_seqlens is not None:
             raise ValueError("pass cu_seqlens or kcp_context, not both (the context holds the packing)")
         if kcp_context is not None and not isinstance(kcp_context, KcpContext):
@@ -180,33 +194,107 @@ class GatedDeltaNet(nn.Module):
             if packed:
                 raise ValueError(f"attention_mask pads rows of a batch; with {packed} the stream is already packed: "
                                  f"pack the batch's tokens into the stream instead of padding them")
-            return self._forward_padded(hidden_states, attention_mask)
+            return self._forward_padded(hidden_states, attention_mask, past_key_values, use_cache)
         B, T, _ = hidden_states.shape
         x = hidden_states
+        if use_cache or past_key_values is not None:
+            o = self._forward_cached(x, cu_seqlens, past_key_values, bool(use_cache))
+            return self._output(x, o), None, past_key_values
         # q, k and v as one [B, T, 2 key_dim + value_dim] product and one convolution launch
-        qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+        qkv = self._qkv_proj(x)
         if not self.use_short_conv:
             qkv = F.silu(qkv)
         elif kcp_context is None:
             qkv = short_conv(qkv, *self._conv_params(), None if cu_seqlens is None else cu_seqlens[:-1])
         else:
             qkv = self._conv_kcp(qkv, kcp_context)
-        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        heads = (q.view(B, T, self.num_heads, self.head_k_dim), k.view(B, T, self.num_heads, self.head_k_dim),
-                 v.view(B, T, self.num_v_heads, self.head_v_dim), self.a_proj(x), self.b_proj(x))
-        gates = dict(A_log=self.A_log, dt_bias=self.dt_bias, use_gate_in_kernel=True,
-                     use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval)
+        q, k, v = self._heads(qkv)
         if kcp_context is None:
-            o, _ = chunk_gated_delta_rule(*heads, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **gates)
+            o, _ = chunk_gated_delta_rule(q, k, v, self.a_proj(x), self.b_proj(x), use_qk_l2norm_in_kernel=True,
+                                          cu_seqlens=cu_seqlens, **self._gates())
         else:
-            o, _ = gdn_kcp(*heads, kcp_context, options=self.kcp_options(kcp_options), workspace=workspace, **gates)
-        gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
-        o = self.o_norm(o, gate)
-        return self.o_proj(o.reshape(B, T, self.value_dim)), None, past_key_values
+            o, _ = gdn_kcp(q, k, v, self.a_proj(x), self.b_proj(x), kcp_context,
+                           options=self.kcp_options(kcp_options), workspace=workspace, **self._gates())
+        return self._output(x, o), None, past_key_values
 
-    def _forward_padded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
-        """Unpad with the mask (each row's kept tokens one document), run the
-        packed row, pad back with zeros."""
+    def _qkv_proj(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k ``[B, T, num_heads, head_k_dim]`` and v ``[B, T, num_v_heads, head_v_dim]`` of ``qkv``."""
+        B, T = qkv.shape[:2]
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (q.reshape(B, T, self.num_heads, self.head_k_dim), k.reshape(B, T, self.num_heads, self.head_k_dim),
+                v.reshape(B, T, self.num_v_heads, self.head_v_dim))
+
+    def _gates(self) -> dict:
+        return dict(A_log=self.A_log, dt_bias=self.dt_bias, use_gate_in_kernel=True,
+                    use_beta_sigmoid_in_kernel=True, allow_neg_eigval=self.allow_neg_eigval)
+
+    def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The gated RMS norm and the output projection of o ``[B, T, HV, V]``."""
+        B, T = x.shape[:2]
+        gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
+        return self.o_proj(self.o_norm(o, gate).reshape(B, T, self.value_dim))
+
+    def _forward_cached(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: object,
+                        use_cache: bool) -> torch.Tensor:
+        """o of rows (documents) that continue from ``cache``'s states of this
+        layer (none yet: zeros), storing the new states when ``use_cache``.
+        One token per document outside training is a decode step (the
+        convolution's and the recurrence's step programs); anything else runs
+        the chunked path from the cached states."""
+        B, T, _ = x.shape
+        if cache is not None and self.layer_idx is None:
+            raise ValueError("past_key_values needs the layer's layer_idx (GatedDeltaNet(..., layer_idx=i)), "
+                             "the index of its states in the cache")
+        last = cache[self.layer_idx] if cache is not None and len(cache) > self.layer_idx else None
+        recurrent_state = None if last is None else last["recurrent_state"]
+        conv_state = None if last is None or last["conv_state"] is None else torch.cat(last["conv_state"], dim=1)
+        bounds = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(b) for b in cu_seqlens.tolist()]
+        if not self.training and all(e - s == 1 for s, e in zip(bounds, bounds[1:])):
+            o, recurrent_state, conv_state = self._decode_step(x.reshape(-1, 1, x.shape[-1]), conv_state,
+                                                               recurrent_state)
+            o = o.view(B, T, self.num_v_heads, self.head_v_dim)
+        else:
+            qkv = self._qkv_proj(x)
+            if self.use_short_conv:
+                y, conv_state = conv_over_history(qkv.reshape(B * T, -1), *self._conv_params(), bounds, conv_state)
+                qkv = y.view(B, T, -1)
+            else:
+                qkv = F.silu(qkv)
+            o, recurrent_state = chunk_gated_delta_rule(
+                *self._heads(qkv), self.a_proj(x), self.b_proj(x), initial_state=recurrent_state,
+                output_final_state=use_cache, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **self._gates())
+        if use_cache and cache is not None:
+            conv = None if conv_state is None else tuple(conv_state.split([self.key_dim, self.key_dim,
+                                                                            self.value_dim], dim=1))
+            cache.update(recurrent_state=recurrent_state, conv_state=conv, layer_idx=self.layer_idx, offset=T)
+        return o
+
+    def _decode_step(self, x: torch.Tensor, conv_state: torch.Tensor | None,
+                     recurrent_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One token per row of x ``[N, 1, hidden_size]``: ``(o [N, 1, HV, V],
+        recurrent state, convolution state)`` through the step programs."""
+        N = x.shape[0]
+        qkv = self._qkv_proj(x[:, 0])
+        if self.use_short_conv:
+            weights, biases = self._conv_params()
+            if conv_state is None:
+                conv_state = qkv.new_zeros(N, qkv.shape[1], self.conv_size)
+            qkv, conv_state = conv_step_op(qkv, conv_state.to(qkv.dtype), torch.cat(weights)[:, 0],
+                                           None if biases is None else torch.cat(biases))
+        else:
+            qkv = F.silu(qkv)
+        o, recurrent_state = fused_recurrent_gated_delta_rule(
+            *self._heads(qkv[:, None]), self.a_proj(x), beta=self.b_proj(x), initial_state=recurrent_state,
+            output_final_state=True, use_qk_l2norm_in_kernel=True, **self._gates())
+        return o, recurrent_state, conv_state
+
+    def _forward_padded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, cache: object,
+                        use_cache: bool) -> tuple:
+        """Unpad with the mask (each row's kept tokens one document, continuing
+        the row's cached states), run the packed row, pad back with zeros."""
         B, T, D = hidden_states.shape
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or \
                 attention_mask.shape[0] != B or attention_mask.shape[1] < T:
@@ -217,7 +305,8 @@ class GatedDeltaNet(nn.Module):
         indices = keep.reshape(-1).nonzero().squeeze(1)  # the kept tokens, row by row (a host read, as FLA's)
         lengths = keep.sum(1)
         cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-        o, _, cache = self(hidden_states.reshape(B * T, D)[indices][None], cu_seqlens=cu_seqlens)
+        o, _, cache = self(hidden_states.reshape(B * T, D)[indices][None], cu_seqlens=cu_seqlens,
+                           past_key_values=cache, use_cache=use_cache)
         out = o.new_zeros(B * T, o.shape[-1]).index_copy(0, indices, o[0])
         return out.view(B, T, -1), None, cache
 

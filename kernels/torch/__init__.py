@@ -22,8 +22,9 @@ from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .output import output
 from .prep import prep
+from .recurrent import recurrent
 from .segment_summary import segment_summary
-from .short_conv import short_conv_bwd, short_conv_fwd
+from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
 
@@ -38,8 +39,10 @@ __all__ = [
     "bwd_wy",
     "compose_adjoints",
     "compose_segments",
+    "conv_step",
     "output",
     "prep",
+    "recurrent",
     "segment_summary",
     "short_conv_bwd",
     "short_conv_fwd",

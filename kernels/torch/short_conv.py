@@ -68,3 +68,18 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
     dx_out.copy_(dext[rows:])
     if dhalo_out is not None:
         dhalo_out.copy_(dext[:rows])
+
+
+def conv_step(x, state, weight, bias, *, y_out: torch.Tensor, state_out: torch.Tensor) -> None:
+    """One decode token per row: x ``[N, D]``; state ``[N, D, W]``, each
+    channel's last W inputs, the newest in column W - 1 (zeros before a
+    document's first token; FLA's convolution cache); weight ``[D, W]``; bias
+    ``[D]`` or None. Writes state_out (state's dtype) = state shifted one
+    column left with x in the last, and y_out ``[N, D]`` = ``silu(bias +
+    sum_j weight[:, j] state_out[:, :, j])``: :func:`short_conv_fwd` at that token."""
+    cdt = accumulator_dtype(x.dtype)
+    shifted = torch.cat([state[..., 1:], x[..., None].to(state.dtype)], dim=-1)
+    taps = shifted.to(cdt).flip(-1)  # tap i is the input i tokens back, summed newest first as the convolution does
+    pre = torch.einsum("ndi,di->nd", taps, weight.to(cdt).flip(1))
+    y_out.copy_(F.silu(pre if bias is None else pre + bias.to(cdt)))
+    state_out.copy_(shifted)

@@ -25,8 +25,9 @@ from .compose_adjoints import compose_adjoints
 from .compose_segments import compose_segments
 from .output import output
 from .prep import prep
+from .recurrent import recurrent
 from .segment_summary import segment_summary
-from .short_conv import short_conv_bwd, short_conv_fwd
+from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
 
@@ -41,8 +42,10 @@ __all__ = [
     "bwd_wy",
     "compose_adjoints",
     "compose_segments",
+    "conv_step",
     "output",
     "prep",
+    "recurrent",
     "segment_summary",
     "short_conv_bwd",
     "short_conv_fwd",

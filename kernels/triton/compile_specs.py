@@ -3,6 +3,7 @@
 
     python -m gdn_kcp.kernels.triton.compile_specs [--arch 90] [--K 128] [--V 128]
     python -m gdn_kcp.kernels.triton.compile_specs --report     # make compile-report
+    python -m gdn_kcp.kernels.triton.compile_specs --report --K 256 --V 512 --kernels recurrent_kernel
 
 prints one JSON line per kernel with its shared memory and warps (run it
 with ``TRITON_INTERPRET`` unset: the interpreter has nothing to compile).
@@ -38,9 +39,10 @@ from .compose_adjoints import compose_adjoints_kernel
 from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import BKS_OUTPUT, BV_OUTPUT, output_kernel
 from .prep import BK_WU, BV_WU, l2_rstd_kernel, prep_kernel
+from .recurrent import BV_RECURRENT, recurrent_kernel
 from .segment_summary import segment_summary_kernel
-from .short_conv import (BD_CONV, BT_CONV, DW_BLOCKS, short_conv_bwd_dw_kernel, short_conv_bwd_dx_kernel,
-                         short_conv_fwd_kernel)
+from .short_conv import (BD_CONV, BD_STEP, BT_CONV, DW_BLOCKS, conv_step_kernel, short_conv_bwd_dw_kernel,
+                         short_conv_bwd_dx_kernel, short_conv_fwd_kernel)
 from .summary_walk import summary_walk_kernel
 from .tape_walk import tape_walk_kernel
 from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
@@ -74,6 +76,8 @@ INPUT_POINTERS = {
     "short_conv_fwd_kernel": {"x", "w", "b", "halo", "y"},
     "short_conv_bwd_dx_kernel": {"x", "w", "b", "halo", "dy", "dx", "dhalo"},
     "short_conv_bwd_dw_kernel": {"x", "w", "b", "halo", "dy"},
+    "recurrent_kernel": {"q", "k", "v", "g", "beta", "o"},
+    "conv_step_kernel": {"x", "state", "w", "b", "y", "state_out"},
 }
 INTS = {"n_chunks", "n_frag", "max_rows", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
 
@@ -122,6 +126,11 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),
         ("short_conv_bwd_dx_kernel", short_conv_bwd_dx_kernel, conv),
         ("short_conv_bwd_dw_kernel", short_conv_bwd_dw_kernel, dict(conv, BLOCKS=DW_BLOCKS)),
+        # decode: the recurrent step (state fp32, in place) and the convolution cache's step
+        ("recurrent_kernel", recurrent_kernel,
+         dict(BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=True, BETA_SIGMOID=True, BETA_SCALE=1.0,
+              QK_NORM=True, EPS=1e-6, ACC=tl.float32)),
+        ("conv_step_kernel", conv_step_kernel, dict(W=4, HAS_BIAS=True, BD=BD_STEP, ACC=tl.float32)),
     ]
 
 
@@ -160,16 +169,29 @@ def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
             signature[param.name] = "i32"
         elif param.name in INDEX_TABLES:
             signature[param.name] = "*i32"
+        elif param.name == "doc_bounds":  # the decode programs' int64 document bounds
+            signature[param.name] = "*i64"
         else:
             signature[param.name] = "*bf16" if param.name in inputs else "*fp32"
     return triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
-def compile_all(arch: int, K: int = 128, V: int = 128) -> list[dict]:
-    """Compile every kernel for ``sm_<arch>``: shared memory (bytes) and warps."""
+def selected(K: int, V: int, only: list[str] | None) -> list[tuple[str, object, dict]]:
+    """:func:`kernels`, or those named in ``only``."""
+    rows = kernels(K, V)
+    if only:
+        unknown = sorted(set(only) - {name for name, _, _ in rows})
+        if unknown:
+            raise ValueError(f"unknown kernels {unknown}")
+        rows = [row for row in rows if row[0] in only]
+    return rows
+
+
+def compile_all(arch: int, K: int = 128, V: int = 128, only: list[str] | None = None) -> list[dict]:
+    """Compile every kernel (or those in ``only``) for ``sm_<arch>``: shared memory (bytes) and warps."""
     target = GPUTarget("cuda", arch, 32)
     out = []
-    for name, kernel, constexprs in kernels(K, V):
+    for name, kernel, constexprs in selected(K, V, only):
         compiled = triton.compile(source(name, kernel, constexprs), target=target,
                                   options={"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)})
         out.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
@@ -198,14 +220,14 @@ def instruction_class(ptx: str, has_dot: bool) -> str:
     return "fma"
 
 
-def report(arch: int, K: int = 128, V: int = 128) -> list[dict]:
+def report(arch: int, K: int = 128, V: int = 128, only: list[str] | None = None) -> list[dict]:
     """:func:`compile_all` with ptxas's figures and the instruction class of every
     kernel. Call it in a process whose ``TRITON_CACHE_DIR`` is fresh (a cached
     kernel skips ptxas and logs nothing)."""
     triton.knobs.nvidia.dump_ptxas_log = True
     target = GPUTarget("cuda", arch, 32)
     rows = []
-    for name, kernel, constexprs in kernels(K, V):
+    for name, kernel, constexprs in selected(K, V, only):
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(source(name, kernel, constexprs), target=target,
@@ -234,13 +256,15 @@ def main() -> None:
     parser.add_argument("--K", type=int, default=128)
     parser.add_argument("--V", type=int, default=128)
     parser.add_argument("--report", action="store_true", help="registers, spills and instruction class (Markdown)")
+    parser.add_argument("--kernels", help="comma-separated kernel names (default: every kernel)")
     args = parser.parse_args()
+    only = args.kernels.split(",") if args.kernels else None
     if args.report:
-        rows = report(args.arch, args.K, args.V)
+        rows = report(args.arch, args.K, args.V, only)
         print("\n".join(json.dumps(row) for row in rows))
         print(markdown(rows))
         return
-    for row in compile_all(args.arch, args.K, args.V):
+    for row in compile_all(args.arch, args.K, args.V, only):
         print(json.dumps(row), flush=True)
 
 

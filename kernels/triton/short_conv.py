@@ -21,6 +21,7 @@ from ._common import acc_dtype, cast_to, pointer
 
 BT_CONV = 32
 BD_CONV = 64  # 128 channels took 168 registers and spilled 2,552 B per thread in the dx backward (sm_90)
+BD_STEP = 256  # channels per program of a decode step: 24 per row at FLA's layer defaults (D = 6,144)
 DW_BLOCKS = 16  # token blocks per program of the weight gradient: [T / 512, D, W] fp32 partials
 
 
@@ -155,3 +156,37 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
     dweight_out.copy_(dw_part.sum(0))
     if dbias_out is not None:
         dbias_out.copy_(db_part.sum(0))
+
+
+@triton.jit
+def conv_step_kernel(x, state, w, b, y, state_out, D, W: tl.constexpr, HAS_BIAS: tl.constexpr, BD: tl.constexpr,
+                     ACC: tl.constexpr):
+    """One decode token per row; grid (N, cdiv(D, BD)). Column j of the new
+    state is the old column j + 1 (x for the last); taps summed newest first,
+    as :func:`short_conv_fwd_kernel` sums them."""
+    i_n, i_d = tl.program_id(0), tl.program_id(1)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    row = i_n.to(tl.int64) * D + o_d
+    acc = tl.zeros([BD], dtype=ACC)
+    if HAS_BIAS:
+        acc += tl.load(b + o_d, mask=m_d, other=0.0).to(ACC)
+    for i in tl.static_range(W):
+        if i == 0:
+            tap = tl.load(x + row, mask=m_d, other=0.0)
+        else:
+            tap = tl.load(state + row * W + (W - i), mask=m_d, other=0.0)
+        tl.store(state_out + row * W + (W - 1 - i), cast_to(tap, state_out), mask=m_d)
+        acc += tap.to(ACC) * tl.load(w + o_d * W + (W - 1 - i), mask=m_d, other=0.0).to(ACC)
+    tl.store(y + row, cast_to(acc * tl.sigmoid(acc), y), mask=m_d)
+
+
+def conv_step(x, state, weight, bias, *, y_out: torch.Tensor, state_out: torch.Tensor) -> None:
+    """See ``kernels.torch.short_conv.conv_step``."""
+    N, D = x.shape
+    if N == 0:
+        return
+    conv_step_kernel[(N, triton.cdiv(D, BD_STEP))](
+        x, state, weight, pointer(bias, weight), y_out, state_out, D, W=weight.shape[1], HAS_BIAS=bias is not None,
+        BD=BD_STEP, ACC=acc_dtype(x),
+    )

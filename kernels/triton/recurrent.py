@@ -1,0 +1,87 @@
+"""The token-by-token recurrence (Triton): decode steps and short prompts. Same
+signature as ``kernels.torch.recurrent``.
+
+Grid (value tiles, N x HV): a program holds its document's state columns
+``[K, BV]`` in registers and walks the document's tokens, one rank-1 update
+and two matrix-vector products per token, fp32 FMA (no product is big
+enough for tensor cores). At decode (one token) the launch streams each state
+once in and once out: 2 x 4 K V bytes per value head, its whole cost. The
+state columns are the program's own, so the state updates in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..torch._chunks import L2NORM_EPS
+from ._common import acc_dtype, cast_to, pointer, softplus
+
+# [BK, 8] state columns at 2 warps: no spill at K = 128 (113 registers) or 256 (184), where
+# [128, 16] at 1 warp spilled 112 B per thread and [256, 16] at 2 warps 128 B (sm_90, triton 3.9).
+# One decode token of HV = 32, V = 128 is 512 programs.
+BV_RECURRENT = 8
+NUM_WARPS = 2
+
+
+@triton.jit
+def _normed(x, ON: tl.constexpr, EPS: tl.constexpr):
+    if ON:
+        x = x / tl.sqrt(tl.sum(x * x) + EPS)
+    return x
+
+
+@triton.jit
+def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state, o, scale, H_qk, HV, K, V,
+                     BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+                     BETA_SCALE: tl.constexpr, QK_NORM: tl.constexpr, EPS: tl.constexpr, ACC: tl.constexpr):
+    """Grid (cdiv(V, BV), N * HV): the state columns ``[i_v BV, (i_v + 1) BV)`` of
+    one document and value head through its tokens."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H_qk)
+    bos = tl.load(doc_bounds + i_n).to(tl.int64)
+    eos = tl.load(doc_bounds + i_n + 1).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_s = state + (i_nh.to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :]
+    m_s = m_k[:, None] & m_v[None, :]
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(ACC)
+    if GATE:
+        rate = tl.load(gate_params + i_hv).to(ACC)
+        bias = tl.load(gate_params + HV + i_hv).to(ACC)
+    for t in range(bos, eos):
+        b_q = _normed(tl.load(q + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
+        b_k = _normed(tl.load(k + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
+        b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(ACC)
+        b_g = tl.load(g + t * HV + i_hv).to(ACC)
+        if GATE:
+            b_g = rate * softplus(b_g + bias)
+        b_beta = tl.load(beta + t * HV + i_hv).to(ACC)
+        if BETA_SIGMOID:
+            b_beta = tl.sigmoid(b_beta)
+        b_s = b_s * tl.exp(b_g)
+        b_u = BETA_SCALE * b_beta * (b_v - tl.sum(b_s * b_k[:, None], 0))
+        b_s += b_k[:, None] * b_u[None, :]
+        b_o = scale * tl.sum(b_s * b_q[:, None], 0)
+        tl.store(o + (t * HV + i_hv) * V + o_v, cast_to(b_o, o), mask=m_v)
+    tl.store(p_s, cast_to(b_s, p_s), mask=m_s)
+
+
+def recurrent_grid(N: int, HV: int, V: int) -> tuple[int, int]:
+    return triton.cdiv(V, BV_RECURRENT), N * HV
+
+
+def recurrent(q, k, v, g, beta, gate_params, doc_bounds, state, scale, *, o_out, use_qk_l2norm, beta_mode) -> None:
+    """See ``kernels.torch.recurrent.recurrent``."""
+    N, HV, K, V = state.shape
+    if N == 0 or q.shape[0] == 0:
+        return
+    sigmoid, beta_scale = beta_mode
+    recurrent_kernel[recurrent_grid(N, HV, V)](
+        q, k, v, g, beta, pointer(gate_params, state), doc_bounds, state, o_out, scale, q.shape[1], HV, K, V,
+        BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None, BETA_SIGMOID=sigmoid,
+        BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm, EPS=L2NORM_EPS, ACC=acc_dtype(state), num_warps=NUM_WARPS,
+    )

@@ -1,0 +1,173 @@
+"""Decode programs: ``fused_recurrent_gated_delta_rule`` against the fp64 oracle
+and the chunked path, FLA's call forms and errors; the Triton ``recurrent``
+and ``conv_step`` programs under TRITON_INTERPRET=1 against their torch twins
+(head dims off the tile grid, K = 256, V = 512); the convolution step token by
+token against the whole-sequence convolution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_inputs import make_inputs, rel_rms
+
+from gdn_kcp import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, naive_recurrence
+from gdn_kcp.layers import short_conv
+from gdn_kcp.recurrent import conv_step_op, recurrent_op
+
+BOUNDS = [0, 1, 1, 9, 40, 41]  # one token, zero-length, short, longer, one token
+N = len(BOUNDS) - 1
+
+
+def inputs(T=41, H_qk=2, HV=4, K=16, V=8, dtype=torch.float64, seed=0):
+    q, k, v, g, beta = make_inputs(T, H_qk, HV, K, V, l2=False, seed=seed, dtype=dtype)
+    h0 = torch.randn(N, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    return q, k, v, g, beta, h0
+
+
+@pytest.mark.parametrize("l2", [False, True])
+def test_matches_the_oracle_over_packed_documents(l2):
+    q, k, v, g, beta, h0 = inputs()
+    cu = torch.tensor(BOUNDS)
+    o, s = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=0.3, initial_state=h0,
+                                            output_final_state=True, use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
+    ref_o, ref_s = naive_recurrence(q, k, v, g, beta, scale=0.3, initial_state=h0, output_final_state=True,
+                                    use_qk_l2norm=l2, cu_seqlens=cu)
+    assert (o - ref_o).abs().max() < 1e-12 and (s - ref_s).abs().max() < 1e-12
+    assert s.dtype == torch.float64 and o.shape == v.shape
+
+
+def test_in_kernel_gate_and_beta_equal_the_chunked_path():
+    """FLA's gate and beta keywords, V-first states and B = 3 rows: the same
+    math as chunk_gated_delta_rule, to fp64 rounding."""
+    torch.manual_seed(0)
+    B, T, H_qk, HV, K, V = 3, 70, 1, 2, 16, 8
+    q, k = torch.randn(B, T, H_qk, K, dtype=torch.float64), torch.randn(B, T, H_qk, K, dtype=torch.float64)
+    v, a, b = (torch.randn(B, T, HV, d, dtype=torch.float64).squeeze(-1) for d in (V, 1, 1))
+    A_log, dt_bias = torch.randn(HV, dtype=torch.float64), torch.randn(HV, dtype=torch.float64)
+    h0 = torch.randn(B, HV, V, K, dtype=torch.float64)
+    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+              A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+              state_v_first=True)
+    o, s = fused_recurrent_gated_delta_rule(q, k, v, a, beta=b, **kw)
+    ref_o, ref_s = chunk_gated_delta_rule(q, k, v, a, b, **kw)
+    assert s.shape == (B, HV, V, K)
+    assert (o - ref_o).abs().max() < 1e-10 and (s - ref_s).abs().max() < 1e-10
+
+
+def test_fla_defaults_and_positional_order():
+    """FLA's order (q, k, v, g, gk, gv, beta, scale, initial_state, ...): g
+    None is no decay, beta None is ones; no final state unless asked."""
+    q, k, v, g, beta, h0 = inputs()
+    o, s = fused_recurrent_gated_delta_rule(q, k, v, None, None, None, None, 0.5, h0[:1])
+    ones = torch.ones_like(g)
+    ref_o, _ = naive_recurrence(q, k, v, torch.zeros_like(g), ones, scale=0.5, initial_state=h0[:1])
+    assert s is None and (o - ref_o).abs().max() < 1e-12
+
+
+def test_errors_name_the_argument():
+    q, k, v, g, beta, h0 = inputs()
+    with pytest.raises(ValueError, match="gk .* is not part of Gated DeltaNet"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, gk=torch.zeros(*q.shape[:2], 4, 16), beta=beta)
+    with pytest.raises(ValueError, match="gv .* is not part of Gated DeltaNet"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, gv=torch.zeros_like(v), beta=beta)
+    with pytest.raises(TypeError, match=r"fused_recurrent_gated_delta_rule\(\) got unexpected keyword arguments "
+                                        r"\['chunk_sizes'\]"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, chunk_sizes=64)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[N, HV, K, V\] = \(5, 4, 16, 8\)"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, initial_state=h0[:2], cu_seqlens=torch.tensor(BOUNDS))
+    with pytest.raises(ValueError, match="use_gate_in_kernel=True needs A_log"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, use_gate_in_kernel=True)
+
+
+def test_backward_is_refused_with_the_training_entry_named():
+    q, k, v, g, beta, _ = inputs()
+    o, _ = fused_recurrent_gated_delta_rule(q.requires_grad_(), k, v, g, beta=beta)
+    with pytest.raises(NotImplementedError, match="train with gdn_kcp.chunk_gated_delta_rule"):
+        o.sum().backward()
+
+
+def test_opcheck():
+    q, k, v, g, beta, h0 = inputs(dtype=torch.float32)
+    T, H_qk, K = q.shape[1:]
+    flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
+    args = (*flat, torch.randn(2, 4), torch.tensor(BOUNDS), h0.float(), 0.25, True, True, 2.0)
+    torch.library.opcheck(recurrent_op, args, test_utils=("test_schema", "test_faketensor"))
+    x, state = torch.randn(3, 12), torch.randn(3, 12, 4)
+    torch.library.opcheck(conv_step_op, (x, state, torch.randn(12, 4), torch.randn(12)),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("W, bias", [(4, False), (3, True)])
+def test_conv_step_token_by_token_equals_the_convolution(W, bias):
+    """From a zero cache, one conv_step per token gives the whole row's
+    convolution at every position, and the cache holds the last W inputs."""
+    torch.manual_seed(0)
+    T, D = 9, 12
+    x = torch.randn(2, T, D, dtype=torch.float64)
+    weight = torch.randn(D, 1, W, dtype=torch.float64)
+    b = torch.randn(D, dtype=torch.float64) if bias else None
+    whole = short_conv(x, weight, b)
+    state = torch.zeros(2, D, W, dtype=torch.float64)
+    for t in range(T):
+        y, state = conv_step_op(x[:, t], state, weight[:, 0], b)
+        assert (y - whole[:, t]).abs().max() < 1e-14
+    assert torch.equal(state, x[:, T - W:].transpose(1, 2))
+
+
+# ---- Triton twins under the interpreter ----
+
+TWIN_CASES = {
+    "fp32-K24-V40": dict(K=24, V=40, dtype=torch.float32, l2=True, gate=True),
+    "bf16-K16-V8": dict(K=16, V=8, dtype=torch.bfloat16, l2=True, gate=False),
+    "fp64-K16-V20": dict(K=16, V=20, dtype=torch.float64, l2=False, gate=True),
+    # FLA's layer defaults: K = 256, V = 512 (two warps, 32 value tiles)
+    "bf16-K256-V512": dict(K=256, V=512, dtype=torch.bfloat16, l2=True, gate=True),
+}
+TWIN_TOLERANCE = {torch.float64: 1e-13, torch.float32: 2e-6, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("name", sorted(TWIN_CASES))
+def test_triton_recurrent_matches_the_torch_program(name):
+    pytest.importorskip("triton")
+    from gdn_kcp.kernels import torch as torch_programs
+    from gdn_kcp.kernels import triton as triton_programs
+
+    case = TWIN_CASES[name]
+    K, V, dtype = case["K"], case["V"], case["dtype"]
+    q, k, v, g, beta, _ = inputs(T=41, H_qk=1, HV=2, K=K, V=V, dtype=dtype, seed=3)
+    cdt = torch.float64 if dtype == torch.float64 else torch.float32
+    gen = torch.Generator().manual_seed(4)
+    h0 = torch.randn(N, 2, K, V, generator=gen, dtype=cdt)
+    gate = torch.stack([-torch.rand(2, generator=gen), torch.randn(2, generator=gen)]).to(cdt) \
+        if case["gate"] else None
+    flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
+    outputs = []
+    for programs in (torch_programs, triton_programs):
+        state, o = h0.clone(), torch.full_like(flat[2], float("nan"))
+        programs.recurrent(*flat, gate, torch.tensor(BOUNDS), state, 0.3, o_out=o, use_qk_l2norm=case["l2"],
+                           beta_mode=(case["gate"], 2.0 if case["gate"] else 1.0))
+        outputs.append((o, state))
+    (o_ref, s_ref), (o_tri, s_tri) = outputs
+    assert not o_tri.isnan().any()
+    tol = TWIN_TOLERANCE[dtype]
+    assert rel_rms(o_tri, o_ref) < tol and rel_rms(s_tri, s_ref) < tol
+
+
+@pytest.mark.parametrize("dtype, W", [(torch.float32, 4), (torch.bfloat16, 4), (torch.float64, 3)])
+def test_triton_conv_step_matches_the_torch_program(dtype, W):
+    pytest.importorskip("triton")
+    from gdn_kcp.kernels import torch as torch_programs
+    from gdn_kcp.kernels import triton as triton_programs
+
+    gen = torch.Generator().manual_seed(0)
+    N_rows, D = 3, 300  # two channel blocks, the second cut
+    x, state = torch.randn(N_rows, D, generator=gen).to(dtype), torch.randn(N_rows, D, W, generator=gen).to(dtype)
+    weight, bias = torch.randn(D, W, generator=gen).to(dtype), torch.randn(D, generator=gen).to(dtype)
+    outputs = []
+    for programs in (torch_programs, triton_programs):
+        y, new = torch.empty_like(x), torch.empty_like(state)
+        programs.conv_step(x, state, weight, bias, y_out=y, state_out=new)
+        outputs.append((y, new))
+    (y_ref, s_ref), (y_tri, s_tri) = outputs
+    assert torch.equal(s_tri, s_ref)  # the cache moves inputs, it computes nothing
+    assert rel_rms(y_tri, y_ref) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
