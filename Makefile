@@ -34,9 +34,10 @@ test: $(VENV)/.test
 bench-cpu: $(VENV)/.base
 	$(PY) benchmarks/cpu_chunk.py
 
-# Not CI: every Triton kernel compiled for sm_90 and sm_100, shared memory per kernel.
+# Not CI: every Triton kernel compiled for sm_90 and sm_100, shared memory per kernel, and for sm_90 at
+# (K, V) = (256, 256) and (128, 512) against the README's spill table (about 10 minutes).
 compile-check: $(VENV)/.test
-	GDN_KCP_COMPILE_SM100=1 $(PY) -m pytest -s tests/test_triton_compile.py
+	GDN_KCP_COMPILE_SM100=1 GDN_KCP_COMPILE_LARGE=1 $(PY) -m pytest -s tests/test_triton_compile.py
 
 # Not CI: registers, spills and tensor-core use of every kernel for sm_90 (ptxas log and PTX; minutes).
 compile-report: $(VENV)/.test

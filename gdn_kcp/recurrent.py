@@ -22,6 +22,7 @@ from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.fla_compat import check_cp_context, fla_keywords, states_v_first
 from gdn_kcp.gates import gate_keywords
 from gdn_kcp.host.programs import programs_for
+from gdn_kcp.ops.autograd import check_triton_head_dims
 from gdn_kcp.validate import check_flag, check_gdn_inputs
 
 DEVICES = ("cpu", "cuda")
@@ -142,6 +143,8 @@ def fused_recurrent_gated_delta_rule(
                                     cu_seqlens=cu_seqlens, state_v_first=state_v_first)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    if q.device.type == "cuda":
+        check_triton_head_dims(dims.K, dims.V)
     if state_v_first:
         initial_state = states_v_first(initial_state)
     BT = dims.B * dims.T

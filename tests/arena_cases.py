@@ -102,13 +102,14 @@ def check_layout(record, layout, where) -> None:
 
 
 def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: int | None = None,
-              segments: int | None = None) -> None:
+              segments: int | None = None, dims: tuple[int, int, int, int] = (H_QK, HV, K, V)) -> None:
     """Every packing of ``PACKINGS[R]`` (or, with ``max_docs``, the random
     packings of :func:`capped_packings` on capped contexts, whose figures must
     also be one for every packing). ``segments``: P (cut to each rank's
     range) on the options of :func:`segment_options`, over the longer
-    packings of ``SEGMENT_PACKINGS``."""
+    packings of ``SEGMENT_PACKINGS``. ``dims``: ``(H_qk, HV, K, V)``."""
     figures: dict[OptionsKcp, tuple] = {}
+    H_QK, HV, K, V = dims
     if segments is not None:
         packings = SEGMENT_PACKINGS[R] if max_docs is None else capped_packings(R, T=SEGMENT_CAPPED_T * R)
     else:

@@ -68,6 +68,46 @@ def test_every_kernel_compiles_for_sm90_on_tensor_cores_within_shared_memory_and
     if stated_rows is not None:  # docs/cuda.md's table states these figures (its triton's ptxas)
         assert stated_rows == {r["kernel"]: (r["products"], r["registers"], r["spill_stores"], r["shared"],
                                              r["num_warps"]) for r in rows}
+    check_readme_spills(rows, 0)
+
+
+HEAD_SIZES = [(128, 128), (256, 256), (128, 512)]
+"""The (K, V) columns of the README's spill table."""
+
+
+def check_readme_spills(rows: list[dict], column: int) -> None:
+    """The README's spill stores at ``HEAD_SIZES[column]`` are ``rows``' (a kernel
+    it does not list spills nothing), when the installed triton is the one it names."""
+    import re
+
+    import triton
+    from doc_tables import README, paragraph_before, table_rows
+
+    version = re.search(r"ptxas of triton (\S+);", paragraph_before("head-size-spills"))
+    assert version, "the README names the triton of its spill table"
+    if version[1] != triton.__version__:
+        return
+    stated = {cells[0]: int(cells[1 + column].replace(",", "")) for cells in table_rows("head-size-spills")
+              if cells[0] != "kernel"}
+    assert {r["kernel"]: r["spill_stores"] for r in rows} == {r["kernel"]: stated.get(r["kernel"], 0) for r in rows}
+    assert set(stated) <= {r["kernel"] for r in rows}, README
+
+
+@pytest.mark.skipif(os.environ.get("GDN_KCP_COMPILE_LARGE") != "1",
+                    reason="set GDN_KCP_COMPILE_LARGE=1 (make compile-check): minutes per head size")
+@pytest.mark.parametrize("column", [1, 2])
+def test_every_kernel_compiles_at_fla_head_sizes(tmp_path, column):
+    """(K, V) = (256, 256) and (128, 512): every kernel compiles for sm_90 on
+    the same instructions as at 128, within shared memory, with the README's spills."""
+    K, V = HEAD_SIZES[column]
+    rows = compile_kernels(90, tmp_path, True, "--K", str(K), "--V", str(V))
+    assert len(rows) == N_KERNELS and all(r["registers"] > 0 for r in rows)
+    print("\n" + "\n".join(f"{r['kernel']}: {r['spill_stores']} B" for r in rows))
+    assert not [r for r in rows if r["shared"] > SHARED_MEMORY_LIMIT]
+    assert {r["kernel"] for r in rows if r["products"] != "-"} == WITH_PRODUCTS
+    assert all(r["products"] == ("fma" if r["kernel"] in EXACT_PRODUCTS else "wgmma") for r in rows
+               if r["products"] != "-"), rows
+    check_readme_spills(rows, column)
 
 
 @pytest.mark.parametrize("K, V", [(256, 256), (128, 512)])

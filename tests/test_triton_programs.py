@@ -1,7 +1,7 @@
 """Each Triton program under TRITON_INTERPRET=1 against its torch twin: odd T,
 several documents (zero-length and one-token ones among them), GVA, the L2 norm, crossing
 fragments with S_in / lambda_end, K = V in {32, 64}, V = 128 (two value tiles), K and V off the
-tile grid (24 / 40, 8 / 100); fp32 and bf16 inputs.
+tile grid (24 / 40, 8 / 100), K = 256 and V = 512 (FLA's layer head sizes); fp32 and bf16 inputs.
 Intra-rank segments: the four segment programs and the walks over a segmented
 index with carry planes, and a whole call at P = 3."""
 
@@ -38,6 +38,12 @@ CASES = {
                          l2=True, crossing=True),
     "bf16-K8-V100": dict(bounds=(0, 65, 65, 129), H_qk=1, HV=2, K=8, V=100, dtype=torch.bfloat16, seed=9,
                          l2=True, crossing=True),
+    # FLA's layer head sizes (head_dim 256, expand_v 2), one at a time to keep the interpreter's time small:
+    # K = 256 (walk states of two [128, BV] halves), V = 512 (16 walk value tiles)
+    "bf16-K256": dict(bounds=(0, 65, 65, 66, 80), H_qk=1, HV=1, K=256, V=32, dtype=torch.bfloat16, seed=11,
+                      l2=True, crossing=True),
+    "bf16-V512": dict(bounds=(0, 65, 65, 66, 80), H_qk=1, HV=1, K=32, V=512, dtype=torch.bfloat16, seed=12,
+                      l2=True, crossing=True),
     # one chunk in all: every launch has a grid of one chunk
     "fp32-one-chunk": dict(bounds=(0, 40), H_qk=1, HV=2, K=32, V=32, dtype=torch.float32, seed=10, l2=True,
                            crossing=False),

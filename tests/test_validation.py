@@ -161,3 +161,15 @@ def test_empty_documents_are_legal():
     assert o.shape == (1, 8, 2, 4)
     assert fs.shape == (3, 2, 4, 4)
     assert fs[0].abs().max() == 0 and fs[2].abs().max() == 0 and fs[1].abs().max() > 0
+
+
+def test_cuda_head_dims_beyond_the_checked_sizes_are_refused():
+    """The CUDA programs take K <= 256 and V <= 512, the sizes their compile
+    check, twins and arena test run at; beyond, a ValueError names both."""
+    from gdn_kcp.ops.autograd import check_triton_head_dims
+
+    check_triton_head_dims(256, 512)
+    with pytest.raises(ValueError, match=r"take K <= 256 and V <= 512 .*got K = 512, V = 128"):
+        check_triton_head_dims(512, 128)
+    with pytest.raises(ValueError, match=r"got K = 128, V = 1024"):
+        check_triton_head_dims(128, 1024)

@@ -1,7 +1,7 @@
 """Byte queries against the real host path at tolerance 0: every phase, call and
 pool of the recorded arena, and the bytes the forward really saves, on every
 rank of R = 1, 2, 4, 5 for every valid option combination; all combinations
-give the single-rank outputs and gradients."""
+give the single-rank outputs and gradients; and at K = 256, V = 512."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ def test_option_matrix_is_large():
 @pytest.mark.parametrize("R", sorted(PACKINGS))
 def test_recorded_bytes_equal_the_layout(R):
     spawn_ranks(R, run_arena)
+
+
+def test_recorded_bytes_at_fla_head_sizes():
+    """K = 256, V = 512 (FLA's layer head sizes, the largest the CUDA programs
+    take) on 2 ranks: the queries equal the recorded bytes there too."""
+    spawn_ranks(2, run_arena, torch.float32, None, None, (1, 1, 256, 512))
 
 
 @pytest.mark.parametrize("R", CAPPED_R)

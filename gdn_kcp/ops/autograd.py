@@ -83,9 +83,18 @@ class GdnFunction(torch.autograd.Function):
                 None, None, None, None, None, None, None, None, d_gate if gate_params is not None else None, None)
 
 
-MAX_HEAD_DIM_TRITON = 128
-"""K and V of the Triton programs: one tile of a head dim per program (the
-sm_90 compile check holds bwd_dqkwg at 212,992 B of shared memory at 128)."""
+MAX_K_TRITON, MAX_V_TRITON = 256, 512
+"""The head dims the Triton programs are checked at: FLA's layer defaults
+(head_dim 256, expand_v 2). Every program tiles V (value tiles of 8 to 128)
+and walks hold the state as two ``[K / 2, BV]`` halves; at K = 256 the walks
+spill up to 994 B per thread (sm_90, triton 3.9; docs/cuda.md)."""
+
+
+def check_triton_head_dims(K: int, V: int) -> None:
+    """``ValueError`` naming K and V beyond the sizes the Triton programs are checked at."""
+    if K > MAX_K_TRITON or V > MAX_V_TRITON:
+        raise ValueError(f"the CUDA programs take K <= {MAX_K_TRITON} and V <= {MAX_V_TRITON} (compiled and "
+                         f"checked there), got K = {K}, V = {V}")
 
 
 def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
@@ -102,10 +111,8 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
         )
     if workspace is not None and workspace.storage.device != q.device:
         raise ValueError(f"workspace is on {workspace.storage.device} but q is on {q.device}")
-    if q.device.type == "cuda" and max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM_TRITON:
-        raise ValueError(
-            f"the CUDA programs take K, V <= {MAX_HEAD_DIM_TRITON}, got K = {q.shape[2]}, V = {v.shape[2]}"
-        )
+    if q.device.type == "cuda":
+        check_triton_head_dims(q.shape[2], v.shape[2])
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.contiguous()

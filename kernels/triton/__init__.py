@@ -1,9 +1,10 @@
 """Triton programs: the CUDA path, testable on CPU with ``TRITON_INTERPRET=1``.
 
 One file per program (kernels + one thin launcher), the same signatures as
-``kernels.torch``. Packed varlen through the chunk index (no host sync), K and V
-up to 128 in one tile, bf16/fp16/fp32 inputs with fp32 accumulation, fp32 (or
-fp64) states and M.
+``kernels.torch``. Packed varlen through the chunk index (no host sync), K up to
+256 and V up to 512 in key slices and value tiles, bf16/fp16/fp32 inputs with
+fp32 accumulation, fp32 (or fp64) states and M. Decode: :func:`recurrent` and
+:func:`conv_step`.
 
 Segments (P > 1, :mod:`gdn_kcp.kernels.segments`): :func:`segment_summary`,
 :func:`compose_segments` (forward phases 1 and 2), :func:`adjoint_segment_summary`,
