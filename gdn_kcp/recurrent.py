@@ -8,7 +8,9 @@ gate and beta. ``gdn_kcp::conv_step`` advances the short convolution's cache
 by one token per row (``kernels/*/short_conv.py``). Both are forward only, as
 FLA's recurrent kernel is: training runs the chunked path, whose backward
 covers the same math (:func:`gdn_kcp.chunk_gated_delta_rule`). Their fakes
-shape the outputs, so a decode step compiles and captures.
+shape the outputs, so a decode step traces under ``torch.compile(fullgraph=True)``
+(tested; CUDA-graph capture of a step is not: the entry builds its document
+bounds on the host each call).
 """
 
 from __future__ import annotations
@@ -46,13 +48,13 @@ def recurrent_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, gate_
     (compute dtype)."""
     N, HV, V = doc_bounds.shape[0] - 1, v.shape[1], v.shape[2]
     cdt = compute_dtype(q.dtype)
-    if initial_state is None:
-        state = q.new_zeros(N, HV, q.shape[2], V, dtype=cdt)
-    else:
-        state = initial_state.to(cdt, memory_format=torch.contiguous_format, copy=True)
+    state = q.new_empty(N, HV, q.shape[2], V, dtype=cdt)
+    if initial_state is not None:
+        initial_state = initial_state.to(cdt).contiguous()
     o = q.new_empty(q.shape[0], HV, V)
-    programs_for(q.device).recurrent(q, k, v, g, beta, gate_params, doc_bounds, state, scale, o_out=o,
-                                     use_qk_l2norm=use_qk_l2norm, beta_mode=(beta_sigmoid, beta_scale))
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))  # the programs address rows as (t H + h) D
+    programs_for(q.device).recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, o_out=o,
+                                     state_out=state, use_qk_l2norm=use_qk_l2norm, beta_mode=(beta_sigmoid, beta_scale))
     return o, state
 
 
@@ -71,14 +73,17 @@ def conv_step_op(x: Tensor, state: Tensor, weight: Tensor, bias: Optional[Tensor
     """x ``[N, D]`` (one token per row); state ``[N, D, W]`` (x's dtype);
     weight ``[D, W]``; bias ``[D]`` or None. Returns ``silu(conv)`` ``[N, D]``
     and the advanced state ``[N, D, W]``."""
-    y, state_out = torch.empty_like(x), torch.empty_like(state, memory_format=torch.contiguous_format)
-    programs_for(x.device).conv_step(x, state.contiguous(), weight, bias, y_out=y, state_out=state_out)
+    y, state_out = torch.empty_like(x, memory_format=torch.contiguous_format), \
+        torch.empty_like(state, memory_format=torch.contiguous_format)
+    programs_for(x.device).conv_step(x.contiguous(), state.contiguous(), weight.contiguous(),
+                                     None if bias is None else bias.contiguous(), y_out=y, state_out=state_out)
     return y, state_out
 
 
 @conv_step_op.register_fake
 def _(x, state, weight, bias):
-    return torch.empty_like(x), torch.empty_like(state, memory_format=torch.contiguous_format)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(state, memory_format=torch.contiguous_format))
 
 
 conv_step_op.register_autograd(_forward_only("conv_step"))

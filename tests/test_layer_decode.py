@@ -100,6 +100,7 @@ def test_padded_batch_decodes_like_each_row_alone():
         o, _, _ = layer(x[:, t:t + 1], attention_mask=mask[:, :t + 1], use_cache=True, past_key_values=cache)
         outputs.append(o)
     ours = torch.cat(outputs, 1)
+    assert cache.get_seq_length() == 80  # the padded width, as FLA's cache counts it
     for row in range(2):
         alone, _, _ = layer(x[row:row + 1, lead[row]:])
         assert (ours[row:row + 1, lead[row]:] - alone).abs().max() < 1e-10
@@ -173,6 +174,50 @@ def test_bf16_decoding_against_the_fp64_layer():
     assert rel_rms(ours, expected) < 1.2e-2
 
 
+def test_a_model_of_layers_counts_each_token_once():
+    """Three layers share one cache: the prompt and each step count their
+    tokens once, as FLA's cache does; each layer keeps its own states."""
+    layers = [GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2, layer_idx=i).double().eval() for i in range(3)]
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    cache = Cache()
+    for t, width in ((0, 5), (5, 1), (6, 1)):
+        h = x[:, t:t + width]
+        for layer in layers:
+            h = layer(h, use_cache=True, past_key_values=cache)[0]
+        assert cache.get_seq_length() == t + width and len(cache) == 3
+    assert cache[0]["recurrent_state"] is not cache[1]["recurrent_state"]
+
+
+def test_reading_a_cache_without_use_cache_leaves_it_as_it_was():
+    """use_cache=False with past_key_values continues from the states and
+    stores nothing; use_cache=True without a cache is the plain forward."""
+    layer = make_layer(num_v_heads=4, conv_bias=True)
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    full, _, _ = layer(x)
+    cache = Cache()
+    layer(x[:, :10], use_cache=True, past_key_values=cache)
+    before = {name: cache[0][name] for name in ("recurrent_state", "conv_state")}
+    for width in (1, 2):  # a step and a chunk
+        o, _, _ = layer(x[:, 10:10 + width], use_cache=False, past_key_values=cache)
+        assert (o - full[:, 10:10 + width]).abs().max() < 1e-10
+    assert cache.get_seq_length() == 10 and all(cache[0][name] is before[name] for name in before)
+    o, _, returned = layer(x, use_cache=True)
+    assert returned is None and torch.equal(o, full)
+
+
+def test_fully_padded_calls_keep_the_states():
+    """A call whose mask keeps no token (a prompt row of padding only, or a
+    step where every row pads) returns zeros and leaves the states as they were."""
+    layer = make_layer(num_v_heads=4, conv_bias=True)
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    cache = Cache()
+    layer(x[:, :5], use_cache=True, past_key_values=cache)
+    state = cache[0]["recurrent_state"].clone()
+    o, _, _ = layer(x[:, 5:], attention_mask=torch.zeros(2, 6, dtype=torch.long), use_cache=True,
+                    past_key_values=cache)
+    assert not o.any() and torch.equal(cache[0]["recurrent_state"], state)
+
+
 def test_cache_errors_name_the_argument():
     layer = make_layer()
     x = torch.randn(1, 4, 32, dtype=torch.float64)
@@ -180,7 +225,14 @@ def test_cache_errors_name_the_argument():
     with pytest.raises(ValueError, match="past_key_values needs the layer's layer_idx"):
         unnamed(x, use_cache=True, past_key_values=Cache())
     with pytest.raises(ValueError, match="decode caches .* run on one rank"):
-        layer(x, use_cache=True, kcp_context=build_kcp_context([0, 4]))
+        layer(x, use_cache=True, past_key_values=Cache(), kcp_context=build_kcp_context([0, 4]))
+    with pytest.raises(ValueError, match="cu_seqlens must end at"):  # checked as without a cache
+        layer(x[:, :3], use_cache=True, past_key_values=Cache(), cu_seqlens=torch.tensor([0, 1, 2]))
+    cache = Cache()
+    layer(x[:1], use_cache=True, past_key_values=cache)
+    for width in (1, 4):
+        with pytest.raises(ValueError, match=r"past_key_values\[0\]\['recurrent_state'\] holds 1 rows, the call has 3"):
+            layer(torch.randn(3, width, 32, dtype=torch.float64), use_cache=True, past_key_values=cache)
     with pytest.raises(ValueError, match="attn_state .* is not kept"):
         Cache().update(attn_state=(x, x), layer_idx=0)
     with pytest.raises(ValueError, match=r"layer_idx must be an int in \[0, 0\]"):

@@ -86,12 +86,23 @@ def test_backward_is_refused_with_the_training_entry_named():
         o.sum().backward()
 
 
+def test_compiles_with_fullgraph():
+    """The entry traces whole (its ops' fakes shape the outputs)."""
+    q, k, v, g, beta, h0 = inputs()
+    compiled = torch.compile(fused_recurrent_gated_delta_rule, fullgraph=True, backend="aot_eager")
+    o, s = compiled(q, k, v, g, beta=beta, initial_state=h0[:1], output_final_state=True)
+    ref_o, ref_s = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, initial_state=h0[:1],
+                                                    output_final_state=True)
+    assert torch.equal(o, ref_o) and torch.equal(s, ref_s)
+
+
 def test_opcheck():
     q, k, v, g, beta, h0 = inputs(dtype=torch.float32)
     T, H_qk, K = q.shape[1:]
     flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
-    args = (*flat, torch.randn(2, 4), torch.tensor(BOUNDS), h0.float(), 0.25, True, True, 2.0)
-    torch.library.opcheck(recurrent_op, args, test_utils=("test_schema", "test_faketensor"))
+    for h in (h0.float(), None):
+        args = (*flat, torch.randn(2, 4), torch.tensor(BOUNDS), h, 0.25, True, True, 2.0)
+        torch.library.opcheck(recurrent_op, args, test_utils=("test_schema", "test_faketensor"))
     x, state = torch.randn(3, 12), torch.randn(3, 12, 4)
     torch.library.opcheck(conv_step_op, (x, state, torch.randn(12, 4), torch.randn(12)),
                           test_utils=("test_schema", "test_faketensor"))
@@ -117,13 +128,17 @@ def test_conv_step_token_by_token_equals_the_convolution(W, bias):
 # ---- Triton twins under the interpreter ----
 
 TWIN_CASES = {
-    "fp32-K24-V40": dict(K=24, V=40, dtype=torch.float32, l2=True, gate=True),
-    "bf16-K16-V8": dict(K=16, V=8, dtype=torch.bfloat16, l2=True, gate=False),
-    "fp64-K16-V20": dict(K=16, V=20, dtype=torch.float64, l2=False, gate=True),
-    # FLA's layer defaults: K = 256, V = 512 (two warps, 32 value tiles)
-    "bf16-K256-V512": dict(K=256, V=512, dtype=torch.bfloat16, l2=True, gate=True),
+    "fp32-K24-V40": dict(K=24, V=40, dtype=torch.float32, l2=True, gate=True, initial=True),
+    "bf16-K16-V8": dict(K=16, V=8, dtype=torch.bfloat16, l2=True, gate=False, initial=False),
+    "fp64-K16-V20": dict(K=16, V=20, dtype=torch.float64, l2=False, gate=True, initial=True),
+    # FLA's layer defaults: K = 256, V = 512 (64 value tiles)
+    "bf16-K256-V512": dict(K=256, V=512, dtype=torch.bfloat16, l2=True, gate=True, initial=True),
 }
-TWIN_TOLERANCE = {torch.float64: 1e-13, torch.float32: 2e-6, torch.bfloat16: 1e-2}
+TWIN_TOLERANCE = {torch.float64: (1e-13, 1e-13), torch.float32: (1e-6, 1e-6), torch.bfloat16: (2e-3, 1e-6)}
+"""Relative RMS (o, final state) against the torch program. Both compute in
+fp32 from the same inputs in another order (measured 1e-7 for the states);
+bf16 o is rounded to bf16 once by each, so an element may land one bf16 step
+(2^-8) apart (measured 2e-6)."""
 
 
 @pytest.mark.parametrize("name", sorted(TWIN_CASES))
@@ -137,24 +152,27 @@ def test_triton_recurrent_matches_the_torch_program(name):
     q, k, v, g, beta, _ = inputs(T=41, H_qk=1, HV=2, K=K, V=V, dtype=dtype, seed=3)
     cdt = torch.float64 if dtype == torch.float64 else torch.float32
     gen = torch.Generator().manual_seed(4)
-    h0 = torch.randn(N, 2, K, V, generator=gen, dtype=cdt)
+    h0 = torch.randn(N, 2, K, V, generator=gen, dtype=cdt) if case["initial"] else None
     gate = torch.stack([-torch.rand(2, generator=gen), torch.randn(2, generator=gen)]).to(cdt) \
         if case["gate"] else None
     flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
     outputs = []
     for programs in (torch_programs, triton_programs):
-        state, o = h0.clone(), torch.full_like(flat[2], float("nan"))
-        programs.recurrent(*flat, gate, torch.tensor(BOUNDS), state, 0.3, o_out=o, use_qk_l2norm=case["l2"],
-                           beta_mode=(case["gate"], 2.0 if case["gate"] else 1.0))
+        o, state = torch.full_like(flat[2], float("nan")), torch.full((N, 2, K, V), float("nan"), dtype=cdt)
+        programs.recurrent(*flat, gate, torch.tensor(BOUNDS), h0, 0.3, o_out=o, state_out=state,
+                           use_qk_l2norm=case["l2"], beta_mode=(case["gate"], 2.0 if case["gate"] else 1.0))
         outputs.append((o, state))
     (o_ref, s_ref), (o_tri, s_tri) = outputs
-    assert not o_tri.isnan().any()
-    tol = TWIN_TOLERANCE[dtype]
-    assert rel_rms(o_tri, o_ref) < tol and rel_rms(s_tri, s_ref) < tol
+    assert not o_tri.isnan().any() and not s_tri.isnan().any()
+    assert torch.equal(s_tri[1], s_ref[1])  # the zero-length document: its initial state (or zeros) as it was
+    o_tol, s_tol = TWIN_TOLERANCE[dtype]
+    assert rel_rms(o_tri, o_ref) < o_tol and rel_rms(s_tri, s_ref) < s_tol, (rel_rms(o_tri, o_ref),
+                                                                           rel_rms(s_tri, s_ref))
 
 
-@pytest.mark.parametrize("dtype, W", [(torch.float32, 4), (torch.bfloat16, 4), (torch.float64, 3)])
-def test_triton_conv_step_matches_the_torch_program(dtype, W):
+@pytest.mark.parametrize("dtype, W, bias", [(torch.float32, 4, True), (torch.bfloat16, 4, False),
+                                            (torch.float64, 3, True)])
+def test_triton_conv_step_matches_the_torch_program(dtype, W, bias):
     pytest.importorskip("triton")
     from gdn_kcp.kernels import torch as torch_programs
     from gdn_kcp.kernels import triton as triton_programs
@@ -162,12 +180,14 @@ def test_triton_conv_step_matches_the_torch_program(dtype, W):
     gen = torch.Generator().manual_seed(0)
     N_rows, D = 3, 300  # two channel blocks, the second cut
     x, state = torch.randn(N_rows, D, generator=gen).to(dtype), torch.randn(N_rows, D, W, generator=gen).to(dtype)
-    weight, bias = torch.randn(D, W, generator=gen).to(dtype), torch.randn(D, generator=gen).to(dtype)
+    weight, b = torch.randn(D, W, generator=gen).to(dtype), torch.randn(D, generator=gen).to(dtype)
+    b = b if bias else None
     outputs = []
     for programs in (torch_programs, triton_programs):
         y, new = torch.empty_like(x), torch.empty_like(state)
-        programs.conv_step(x, state, weight, bias, y_out=y, state_out=new)
+        programs.conv_step(x, state, weight, b, y_out=y, state_out=new)
         outputs.append((y, new))
     (y_ref, s_ref), (y_tri, s_tri) = outputs
     assert torch.equal(s_tri, s_ref)  # the cache moves inputs, it computes nothing
-    assert rel_rms(y_tri, y_ref) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
+    # the same taps summed in the same order in fp32 (fp64); bf16 y rounded once by each
+    assert rel_rms(y_tri, y_ref) < {torch.bfloat16: 2e-3, torch.float32: 1e-6, torch.float64: 1e-14}[dtype]

@@ -112,9 +112,10 @@ def test_every_kernel_compiles_at_fla_head_sizes(tmp_path, column):
 
 @pytest.mark.parametrize("K, V", [(256, 256), (128, 512)])
 def test_decode_kernels_compile_without_spills_at_fla_head_sizes(tmp_path, K, V):
-    """The decode step programs at FLA's layer head sizes (head_dim 256,
-    expand_v 2 gives K = 256, V = 512): no spill, no shared-memory excess (the
-    K = V = 128 case is in the table above)."""
+    """The decode step programs at the larger head sizes of the compile check
+    (K = 256; V is a runtime size over value tiles of 8, so V = 512 compiles
+    as 128 does): no spill, no shared-memory excess (the K = V = 128 case is
+    in the table above)."""
     rows = compile_kernels(90, tmp_path, True, "--K", str(K), "--V", str(V), "--kernels", DECODE_KERNELS)
     assert [r["kernel"] for r in rows] == DECODE_KERNELS.split(",")
     assert all(r["registers"] > 0 and r["spill_stores"] == 0 and r["shared"] <= SHARED_MEMORY_LIMIT

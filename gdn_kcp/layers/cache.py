@@ -50,23 +50,26 @@ class Cache:
     def update(self, recurrent_state: Any = None, attn_state: Any = None, conv_state: Any = None,
                ffn_state: Any = None, layer_idx: int = 0, offset: int | None = 1,
                cache_kwargs: dict | None = None) -> dict[str, Any]:
-        """Store layer ``layer_idx``'s states (those not None); the last layer's
-        update counts ``offset`` tokens seen. Layers are added in order, as a
-        model's forward visits them."""
+        """Store layer ``layer_idx``'s states (those not None) and count
+        ``offset`` tokens seen once per forward, as FLA's cache does: when
+        layer 0 is added (the first forward), then at the last layer's update.
+        Layers are added in order, as a model's forward visits them."""
         if attn_state is not None:
             raise ValueError("attn_state (an attention layer's keys and values) is not kept by gdn_kcp's Cache: "
                              "for a hybrid model pass flash-linear-attention's Cache, which this layer also speaks")
         if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx <= len(self.states):
             raise ValueError(f"layer_idx must be an int in [0, {len(self.states)}] (layers are added in order), "
                              f"got {layer_idx!r}")
-        if layer_idx == len(self.states):
+        added = layer_idx == len(self.states)
+        if added:
             self.states.append(dict(recurrent_state=None, attn_state=None, conv_state=None, ffn_state=None))
         state = self.states[layer_idx]
         for name, value in (("recurrent_state", recurrent_state), ("conv_state", conv_state),
                             ("ffn_state", ffn_state)):
             if value is not None:
                 state[name] = value
-        if layer_idx == len(self.states) - 1:
+        counts = layer_idx == 0 if added else layer_idx == len(self.states) - 1
+        if counts:
             self._seen_tokens += 1 if offset is None else offset
         return state
 

@@ -28,6 +28,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.recurrent import conv_step_op, fused_recurrent_gated_delta_rule
+from gdn_kcp.validate import check_cu_seqlens
 from gdn_kcp.workspace import WorkspaceKcp
 
 from .cache import conv_over_history
@@ -175,9 +176,9 @@ class GatedDeltaNet(nn.Module):
         ``OptionsKcp(use_qk_l2norm=True, with_conv=True, conv_size=conv_size)``,
         the options whose byte queries count this layer's halo; see
         :meth:`kcp_options`). Returns FLA's ``(o, None, past_key_values)``."""
-        if kcp_context is not None and (use_cache or past_key_values is not None):
-            raise ValueError("decode caches (use_cache=True, past_key_values) run on one rank: call the layer "
-                             "without kcp_context to prefill and decode")
+        if kcp_context is not None and past_key_values is not None:
+            raise ValueError("decode caches (past_key_values) run on one rank: call the layer without kcp_context "
+                             "to prefill and decode")
         if kcp_context is not None and cu_seqlens is not None:
             raise ValueError("pass cu_seqlens or kcp_context, not both (the context holds the packing)")
         if kcp_context is not None and not isinstance(kcp_context, KcpContext):
@@ -197,8 +198,8 @@ class GatedDeltaNet(nn.Module):
             return self._forward_padded(hidden_states, attention_mask, past_key_values, use_cache)
         B, T, _ = hidden_states.shape
         x = hidden_states
-        if use_cache or past_key_values is not None:
-            o = self._forward_cached(x, cu_seqlens, past_key_values, bool(use_cache))
+        if past_key_values is not None:
+            o = self._forward_cached(x, cu_seqlens, past_key_values, bool(use_cache), offset=T)
             return self._output(x, o), None, past_key_values
         # q, k and v as one [B, T, 2 key_dim + value_dim] product and one convolution launch
         qkv = self._qkv_proj(x)
@@ -237,21 +238,26 @@ class GatedDeltaNet(nn.Module):
         gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim) if self.use_gate else None
         return self.o_proj(self.o_norm(o, gate).reshape(B, T, self.value_dim))
 
-    def _forward_cached(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: object,
-                        use_cache: bool) -> torch.Tensor:
+    def _forward_cached(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: object, use_cache: bool,
+                        offset: int) -> torch.Tensor:
         """o of rows (documents) that continue from ``cache``'s states of this
-        layer (none yet: zeros), storing the new states when ``use_cache``.
+        layer (none yet: zeros), storing the new states and counting ``offset``
+        tokens when ``use_cache`` (without it the cache is read, not changed).
         One token per document outside training is a decode step (the
         convolution's and the recurrence's step programs); anything else runs
         the chunked path from the cached states."""
         B, T, _ = x.shape
-        if cache is not None and self.layer_idx is None:
+        if self.layer_idx is None:
             raise ValueError("past_key_values needs the layer's layer_idx (GatedDeltaNet(..., layer_idx=i)), "
                              "the index of its states in the cache")
-        last = cache[self.layer_idx] if cache is not None and len(cache) > self.layer_idx else None
+        bounds = [b * T for b in range(B + 1)] if cu_seqlens is None else check_cu_seqlens(cu_seqlens, T)
+        last = cache[self.layer_idx] if len(cache) > self.layer_idx else None
         recurrent_state = None if last is None else last["recurrent_state"]
         conv_state = None if last is None or last["conv_state"] is None else torch.cat(last["conv_state"], dim=1)
-        bounds = [b * T for b in range(B + 1)] if cu_seqlens is None else [int(b) for b in cu_seqlens.tolist()]
+        for name, state in (("recurrent_state", recurrent_state), ("conv_state", conv_state)):
+            if state is not None and state.shape[0] != len(bounds) - 1:
+                raise ValueError(f"past_key_values[{self.layer_idx}][{name!r}] holds {state.shape[0]} rows, the call "
+                                 f"has {len(bounds) - 1} (rows of hidden_states, or documents of cu_seqlens)")
         if not self.training and all(e - s == 1 for s, e in zip(bounds, bounds[1:])):
             o, recurrent_state, conv_state = self._decode_step(x.reshape(-1, 1, x.shape[-1]), conv_state,
                                                                recurrent_state)
@@ -259,17 +265,18 @@ class GatedDeltaNet(nn.Module):
         else:
             qkv = self._qkv_proj(x)
             if self.use_short_conv:
-                y, conv_state = conv_over_history(qkv.reshape(B * T, -1), *self._conv_params(), bounds, conv_state)
-                qkv = y.view(B, T, -1)
+                y, conv_state = conv_over_history(qkv.reshape(B * T, qkv.shape[-1]), *self._conv_params(), bounds,
+                                                  conv_state)
+                qkv = y.view(B, T, qkv.shape[-1])
             else:
                 qkv = F.silu(qkv)
             o, recurrent_state = chunk_gated_delta_rule(
                 *self._heads(qkv), self.a_proj(x), self.b_proj(x), initial_state=recurrent_state,
                 output_final_state=use_cache, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, **self._gates())
-        if use_cache and cache is not None:
+        if use_cache:
             conv = None if conv_state is None else tuple(conv_state.split([self.key_dim, self.key_dim,
                                                                             self.value_dim], dim=1))
-            cache.update(recurrent_state=recurrent_state, conv_state=conv, layer_idx=self.layer_idx, offset=T)
+            cache.update(recurrent_state=recurrent_state, conv_state=conv, layer_idx=self.layer_idx, offset=offset)
         return o
 
     def _decode_step(self, x: torch.Tensor, conv_state: torch.Tensor | None,
@@ -305,8 +312,11 @@ class GatedDeltaNet(nn.Module):
         indices = keep.reshape(-1).nonzero().squeeze(1)  # the kept tokens, row by row (a host read, as FLA's)
         lengths = keep.sum(1)
         cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-        o, _, cache = self(hidden_states.reshape(B * T, D)[indices][None], cu_seqlens=cu_seqlens,
-                           past_key_values=cache, use_cache=use_cache)
+        x = hidden_states.reshape(B * T, D)[indices][None]
+        if cache is None:
+            o, _, _ = self(x, cu_seqlens=cu_seqlens)
+        else:  # the cache counts the padded width, as FLA's does
+            o = self._output(x, self._forward_cached(x, cu_seqlens, cache, bool(use_cache), offset=T))
         out = o.new_zeros(B * T, o.shape[-1]).index_copy(0, indices, o[0])
         return out.view(B, T, -1), None, cache
 

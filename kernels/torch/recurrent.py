@@ -29,14 +29,17 @@ def _normed(x: torch.Tensor, on: bool) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS) if on else x
 
 
-def recurrent(q, k, v, g, beta, gate_params, doc_bounds, state, scale, *, o_out, use_qk_l2norm, beta_mode) -> None:
+def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *, o_out, state_out, use_qk_l2norm,
+              beta_mode) -> None:
     """q, k ``[BT, H_qk, K]``; v ``[BT, HV, V]``; g, beta ``[BT, HV]`` (raw
     inputs under an in-kernel gate / beta sigmoid); gate_params ``[2, HV]``
     (``-exp(A_log)``, ``dt_bias``) or None; doc_bounds ``[N + 1]`` int64, the
-    documents' token bounds; state ``[N, HV, K, V]`` in the compute dtype: the
-    initial states, overwritten with the final ones. ``beta_mode`` is
-    ``(sigmoid, scale)``. Writes o_out ``[BT, HV, V]`` (its dtype)."""
-    cdt = state.dtype
+    documents' token bounds; initial_state ``[N, HV, K, V]`` or None (zeros).
+    ``beta_mode`` is ``(sigmoid, scale)``. Writes o_out ``[BT, HV, V]`` (its
+    dtype) and the final states into state_out ``[N, HV, K, V]`` (the compute
+    dtype; it may be initial_state itself)."""
+    cdt = state_out.dtype
+    state = torch.zeros_like(state_out) if initial_state is None else initial_state.to(cdt).clone()
     H_qk, HV = q.shape[1], v.shape[1]
     starts, lengths = doc_bounds[:-1], doc_bounds[1:] - doc_bounds[:-1]
     steps = int(lengths.max()) if lengths.numel() else 0
@@ -57,3 +60,4 @@ def recurrent(q, k, v, g, beta, gate_params, doc_bounds, state, scale, *, o_out,
         state.copy_(torch.where(live[:, None, None, None], stepped, state))
         o_t = scale * torch.einsum("nhk,nhkv->nhv", q_t, stepped)
         o_out[rows[live]] = o_t[live].to(o_out.dtype)
+    state_out.copy_(state)

@@ -76,7 +76,9 @@ def conv_step(x, state, weight, bias, *, y_out: torch.Tensor, state_out: torch.T
     document's first token; FLA's convolution cache); weight ``[D, W]``; bias
     ``[D]`` or None. Writes state_out (state's dtype) = state shifted one
     column left with x in the last, and y_out ``[N, D]`` = ``silu(bias +
-    sum_j weight[:, j] state_out[:, :, j])``: :func:`short_conv_fwd` at that token."""
+    sum_j weight[:, j] state_out[:, :, j])``: :func:`short_conv_fwd` at that token.
+    state_out must not be state (the Triton twin writes a column before it
+    reads the next)."""
     cdt = accumulator_dtype(x.dtype)
     shifted = torch.cat([state[..., 1:], x[..., None].to(state.dtype)], dim=-1)
     taps = shifted.to(cdt).flip(-1)  # tap i is the input i tokens back, summed newest first as the convolution does

@@ -129,7 +129,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         # decode: the recurrent step (state fp32, in place) and the convolution cache's step
         ("recurrent_kernel", recurrent_kernel,
          dict(BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=True, BETA_SIGMOID=True, BETA_SCALE=1.0,
-              QK_NORM=True, EPS=1e-6, ACC=tl.float32)),
+              QK_NORM=True, HAS_INITIAL=True, EPS=1e-6, ACC=tl.float32)),
         ("conv_step_kernel", conv_step_kernel, dict(W=4, HAS_BIAS=True, BD=BD_STEP, ACC=tl.float32)),
     ]
 

@@ -1,12 +1,13 @@
 """The token-by-token recurrence (Triton): decode steps and short prompts. Same
 signature as ``kernels.torch.recurrent``.
 
-Grid (value tiles, N x HV): a program holds its document's state columns
+Grid (N x HV, value tiles): a program holds its document's state columns
 ``[K, BV]`` in registers and walks the document's tokens, one rank-1 update
 and two matrix-vector products per token, fp32 FMA (no product is big
-enough for tensor cores). At decode (one token) the launch streams each state
-once in and once out: 2 x 4 K V bytes per value head, its whole cost. The
-state columns are the program's own, so the state updates in place.
+enough for tensor cores). At decode (one token) the launch reads each initial
+state once and writes the final state once: 2 x 4 K V bytes per value head,
+its main cost. A program reads and writes only its own state columns, so the
+final state may overwrite the initial one.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ def _normed(x, ON: tl.constexpr, EPS: tl.constexpr):
 
 
 @triton.jit
-def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state, o, scale, H_qk, HV, K, V,
+def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state0, state, o, scale, H_qk, HV, K, V,
                      BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
-                     BETA_SCALE: tl.constexpr, QK_NORM: tl.constexpr, EPS: tl.constexpr, ACC: tl.constexpr):
-    """Grid (cdiv(V, BV), N * HV): the state columns ``[i_v BV, (i_v + 1) BV)`` of
-    one document and value head through its tokens."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+                     BETA_SCALE: tl.constexpr, QK_NORM: tl.constexpr, HAS_INITIAL: tl.constexpr, EPS: tl.constexpr,
+                     ACC: tl.constexpr):
+    """Grid (N * HV, cdiv(V, BV)): the state columns ``[i_v BV, (i_v + 1) BV)`` of
+    one document and value head through its tokens, from ``state0`` (zeros
+    without ``HAS_INITIAL``) into ``state``."""
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H_qk)
     bos = tl.load(doc_bounds + i_n).to(tl.int64)
@@ -46,9 +49,12 @@ def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state, o, scale,
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    p_s = state + (i_nh.to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :]
+    o_s = (i_nh.to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :]
     m_s = m_k[:, None] & m_v[None, :]
-    b_s = tl.load(p_s, mask=m_s, other=0.0).to(ACC)
+    if HAS_INITIAL:
+        b_s = tl.load(state0 + o_s, mask=m_s, other=0.0).to(ACC)
+    else:
+        b_s = tl.zeros([BK, BV], dtype=ACC)
     if GATE:
         rate = tl.load(gate_params + i_hv).to(ACC)
         bias = tl.load(gate_params + HV + i_hv).to(ACC)
@@ -67,21 +73,20 @@ def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state, o, scale,
         b_s += b_k[:, None] * b_u[None, :]
         b_o = scale * tl.sum(b_s * b_q[:, None], 0)
         tl.store(o + (t * HV + i_hv) * V + o_v, cast_to(b_o, o), mask=m_v)
-    tl.store(p_s, cast_to(b_s, p_s), mask=m_s)
+    tl.store(state + o_s, cast_to(b_s, state), mask=m_s)
 
 
-def recurrent_grid(N: int, HV: int, V: int) -> tuple[int, int]:
-    return triton.cdiv(V, BV_RECURRENT), N * HV
-
-
-def recurrent(q, k, v, g, beta, gate_params, doc_bounds, state, scale, *, o_out, use_qk_l2norm, beta_mode) -> None:
+def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *, o_out, state_out, use_qk_l2norm,
+              beta_mode) -> None:
     """See ``kernels.torch.recurrent.recurrent``."""
-    N, HV, K, V = state.shape
-    if N == 0 or q.shape[0] == 0:
+    N, HV, K, V = state_out.shape
+    if N == 0:
         return
     sigmoid, beta_scale = beta_mode
-    recurrent_kernel[recurrent_grid(N, HV, V)](
-        q, k, v, g, beta, pointer(gate_params, state), doc_bounds, state, o_out, scale, q.shape[1], HV, K, V,
-        BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None, BETA_SIGMOID=sigmoid,
-        BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm, EPS=L2NORM_EPS, ACC=acc_dtype(state), num_warps=NUM_WARPS,
+    # documents on axis 0 (up to 2^31 - 1 programs; axis 1 stops at 65,535)
+    recurrent_kernel[(N * HV, triton.cdiv(V, BV_RECURRENT))](
+        q, k, v, g, beta, pointer(gate_params, state_out), doc_bounds, pointer(initial_state, state_out), state_out,
+        o_out, scale, q.shape[1], HV, K, V, BK=triton.next_power_of_2(K), BV=BV_RECURRENT,
+        GATE=gate_params is not None, BETA_SIGMOID=sigmoid, BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm,
+        HAS_INITIAL=initial_state is not None, EPS=L2NORM_EPS, ACC=acc_dtype(state_out), num_warps=NUM_WARPS,
     )
