@@ -43,7 +43,8 @@ SKIPPED = ("kernels/triton/compile_specs.py",)
 """Compile facts for the sm_90 check, not numerics."""
 
 TEST_MAP = {
-    "kernels/torch/short_conv.py": ("tests/test_short_conv.py",),
+    "kernels/torch/short_conv.py": ("tests/test_short_conv.py", "tests/test_recurrent.py"),
+    "kernels/torch/recurrent.py": ("tests/test_recurrent.py", "tests/test_layer_decode.py"),
     # the KCP programs run only on fragments that cross ranks, the segment programs only at P > 1
     "kernels/torch/summary_walk.py": ("tests/test_programs.py", "tests/test_kcp_multirank.py"),
     "kernels/torch/adjoint_summary.py": ("tests/test_programs.py", "tests/test_kcp_multirank.py"),
@@ -55,7 +56,8 @@ TEST_MAP = {
     "kernels/torch/adjoint_walk.py": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py",
                                       "tests/test_segments.py"),  # the walks' carry planes: segments only
     "kernels/torch/": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_wy_inverse.py"),
-    "kernels/triton/short_conv.py": ("tests/test_short_conv.py",),
+    "kernels/triton/short_conv.py": ("tests/test_short_conv.py", "tests/test_recurrent.py"),
+    "kernels/triton/recurrent.py": ("tests/test_recurrent.py",),
     "kernels/triton/prep.py": ("tests/test_wy_inverse.py", "tests/test_triton_programs.py"),
     "kernels/triton/wy_inverse.py": ("tests/test_wy_inverse.py", "tests/test_triton_programs.py"),
     "kernels/triton/_common.py": ("tests/test_triton_programs.py", "tests/test_gate_keywords.py"),  # the gate loads
@@ -67,6 +69,9 @@ TEST_MAP = {
     "gdn_kcp/host/": ("tests/test_chunk_vs_oracle.py", "tests/test_gate_keywords.py", "tests/test_kcp_multirank.py"),
     "gdn_kcp/exchange/": ("tests/test_kcp_multirank.py",),
     "gdn_kcp/layers/short_conv.py": ("tests/test_short_conv.py", "tests/test_layer.py"),
+    "gdn_kcp/layers/cache.py": ("tests/test_layer_decode.py",),
+    "gdn_kcp/layers/gated_deltanet.py": ("tests/test_layer.py", "tests/test_layer_decode.py",
+                                         "tests/test_layer_kcp.py"),
     "gdn_kcp/layers/": ("tests/test_layer.py", "tests/test_layer_kcp.py"),
 }
 """The test files a maintainer runs for a change to each path (the first
