@@ -9,8 +9,9 @@ by one token per row (``kernels/*/short_conv.py``). Both are forward only, as
 FLA's recurrent kernel is: training runs the chunked path, whose backward
 covers the same math (:func:`gdn_kcp.chunk_gated_delta_rule`). Their fakes
 shape the outputs, so a decode step traces under ``torch.compile(fullgraph=True)``
-(tested; CUDA-graph capture of a step is not: the entry builds its document
-bounds on the host each call).
+(tested). Without ``cu_seqlens`` a call reads nothing back to the host and
+copies nothing to the device, as a CUDA-graph capture needs (capture is not
+tested: no GPU here).
 """
 
 from __future__ import annotations
@@ -144,8 +145,8 @@ def fused_recurrent_gated_delta_rule(
         beta = v.new_ones(v.shape[:3]) if beta is None else beta
     gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
-    dims, bounds = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                    cu_seqlens=cu_seqlens, state_v_first=state_v_first)
+    dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                               cu_seqlens=cu_seqlens, state_v_first=state_v_first)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     if q.device.type == "cuda":
@@ -153,8 +154,8 @@ def fused_recurrent_gated_delta_rule(
     if state_v_first:
         initial_state = states_v_first(initial_state)
     BT = dims.B * dims.T
-    if bounds is not None:
-        doc_bounds = torch.tensor(bounds, dtype=torch.int64, device=q.device)
+    if cu_seqlens is None:  # B rows of T tokens, built on the device: no host-to-device copy in a decode step
+        doc_bounds = torch.arange(dims.B + 1, dtype=torch.int64, device=q.device) * dims.T
     else:
         doc_bounds = cu_seqlens.to(q.device, torch.int64)
     cdt = compute_dtype(q.dtype)

@@ -239,3 +239,18 @@ def test_cache_errors_name_the_argument():
         Cache().update(recurrent_state=x, layer_idx=2)
     with pytest.raises(KeyError, match="the cache holds 0 layers"):
         Cache()[0]
+
+
+def test_decode_steps_compile_with_fullgraph():
+    """A decode step (cache read, both step programs, cache update) traces as
+    one graph; two compiled steps continue a prefill as the full forward does."""
+    layer = make_layer(dtype=torch.float32, num_v_heads=4, conv_bias=True)
+    x = torch.randn(2, 12, 32)
+    step = torch.compile(lambda token, cache: layer(token, use_cache=True, past_key_values=cache)[0],
+                         fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        full, _, _ = layer(x)
+        cache = Cache()
+        layer(x[:, :10], use_cache=True, past_key_values=cache)
+        steps = torch.cat([step(x[:, t:t + 1], cache) for t in (10, 11)], dim=1)
+    assert (steps - full[:, 10:]).abs().max() < 1e-5 and cache.get_seq_length() == 12
