@@ -4,7 +4,9 @@ for flash-linear-attention's chunk_gated_delta_rule when ``fla`` imports, and a
 ``torch.compile(mode="reduce-overhead")`` run, the walk times at P = 1 and at
 the segment plan's P (one long document), and a capture-once loop over 10
 packings on capped contexts (CUDA graphs recorded, results against eager, no
-host sync under ``torch.cuda.set_sync_debug_mode("error")``). Writes ``gpu_check.json`` and
+host sync under ``torch.cuda.set_sync_debug_mode("error")``), and the layer's
+decode at FLA's head sizes (against FLA's layer with the same state dict when
+flash-linear-attention's layers import). Writes ``gpu_check.json`` and
 ``gpu_check.md`` to ``--out``.
 
     python benchmarks/gpu_check.py --out DIR            # on a GPU machine (gpu_check.sh)
@@ -394,9 +396,58 @@ def segment_times(device, dims, dtype, T):
     return {"plan_P": plan, "measured_best_P": best, "n_sms": ctx.n_sms, "by_P": rows}
 
 
+def check_decode(results, device, dims, dtype, bounds):
+    """Our GatedDeltaNet at FLA's layer head sizes (head_dim 256, expand_v 2: K =
+    256, V = 512): a prefill and 16 decode steps against the full forward, the
+    time per decode step (B = 8 rows), and, when flash-linear-attention's layer
+    imports, the same state dict in FLA's layer: its forward and its own
+    prefill + steps (FLA's cache protocol, our Cache object) against ours."""
+    from gdn_kcp.layers import Cache, GatedDeltaNet
+
+    small = device.type == "cpu"
+    config = dict(hidden_size=64, head_dim=16, num_heads=2, expand_v=2) if small else \
+        dict(hidden_size=1024, head_dim=256, num_heads=4, expand_v=2)
+    B, T, steps = (2, 80, 4) if small else (8, 2048, 16)
+    torch.manual_seed(0)
+    ours = GatedDeltaNet(layer_idx=0, **config).to(device, dtype).eval()
+    x = torch.randn(B, T + steps, config["hidden_size"], device=device, dtype=dtype)
+
+    def decode(layer):
+        cache, outputs = Cache(), []
+        with torch.no_grad():
+            outputs.append(layer(x[:, :T], use_cache=True, past_key_values=cache)[0])
+            for t in range(T, T + steps):
+                outputs.append(layer(x[:, t:t + 1], use_cache=True, past_key_values=cache)[0])
+        return torch.cat(outputs, 1), cache
+
+    with torch.no_grad():
+        full = ours(x)[0]
+    decoded, cache = decode(ours)
+    token = x[:, T:T + 1]
+    with torch.no_grad():  # a step that reads the cache and leaves it, timed again and again
+        step_ms = timed(lambda: ours(token, use_cache=False, past_key_values=cache)[0], device)
+    row = dict(config=config, B=B, prompt=T, steps=steps, decode_vs_full_relative_rms=rel_rms(decoded, full),
+               decode_step_ms=step_ms)
+    try:
+        from fla.layers import GatedDeltaNet as FlaGatedDeltaNet
+
+        theirs = FlaGatedDeltaNet(layer_idx=0, **config).to(device, dtype).eval()
+        ours.load_state_dict(theirs.state_dict(), strict=True)
+        with torch.no_grad():
+            row["fla_forward_vs_ours_relative_rms"] = rel_rms(theirs(x)[0], ours(x)[0])
+        row["fla_decode_vs_ours_relative_rms"] = rel_rms(decode(theirs)[0], decode(ours)[0])
+        fla_cache = decode(theirs)[1]
+        with torch.no_grad():
+            row["fla_decode_step_ms"] = timed(
+                lambda: theirs(token, use_cache=False, past_key_values=fla_cache)[0], device)
+    except Exception as error:  # FLA's layers (flash-linear-attention, transformers) absent or failing
+        row["fla_error"] = f"{type(error).__name__}: {error}"
+    results["decode"] = row
+
+
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
          "profile": "profile_kernels", "segments": "time_segments", "reduce_overhead": "check_reduce_overhead",
-         "capture_once": "check_capture_once"}
+         "capture_once": "check_capture_once", "decode": "check_decode"}
 
 
 def main() -> None:
@@ -487,6 +538,14 @@ def markdown(r: dict) -> str:
                                  f"forward {row['forward_ms']:.2f} ms, forward+backward "
                                  f"{row['forward_backward_ms']:.2f} ms, rel RMS vs P = 1 "
                                  f"{row['max_relative_rms_vs_p1']:.1e}" for P, row in seg["by_P"].items()))
+    if "decode" in r:
+        d = r["decode"]
+        lines.append(f"- decode (layer {d['config']}, B = {d['B']}, prompt {d['prompt']}, {d['steps']} steps): rel RMS "
+                     f"vs the full forward {d['decode_vs_full_relative_rms']:.1e}, {d['decode_step_ms']:.3f} ms a step"
+                     + (f"; FLA's layer, same state dict: forward rel RMS {d['fla_forward_vs_ours_relative_rms']:.1e}, "
+                        f"decode {d['fla_decode_vs_ours_relative_rms']:.1e}, {d['fla_decode_step_ms']:.3f} ms a step"
+                        if "fla_forward_vs_ours_relative_rms" in d else
+                        f"; FLA's layer not run: {d.get('fla_error', '').splitlines()[0] if d.get('fla_error') else ''}"))
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
     lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))

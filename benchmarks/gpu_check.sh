@@ -4,7 +4,9 @@
 # programs at T = 32768, H_qk = 16, HV = 32, K = V = 128, bf16; forward and
 # forward+backward times; the same for flash-linear-attention when it imports;
 # a torch.compile(mode="reduce-overhead") run; the walk times over intra-rank
-# segments P (at HV = 32 and HV = 4, P = 1, the plan's P, 2, 4, 8). Results go to $OUT (default
+# segments P (at HV = 32 and HV = 4, P = 1, the plan's P, 2, 4, 8); the layer's decode at FLA's head
+# sizes (K = 256, V = 512), against FLA's layer with the same state dict when flash-linear-attention's
+# layers import (its wheel and transformers' in .whl/). Results go to $OUT (default
 # benchmarks/out): gpu_check.json and gpu_check.md.
 #
 # Uses the machine's torch and triton. Wheels in .whl/ (fla-core, say) are
