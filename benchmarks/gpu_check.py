@@ -6,7 +6,9 @@ the segment plan's P (one long document), and a capture-once loop over 10
 packings on capped contexts (CUDA graphs recorded, results against eager, no
 host sync under ``torch.cuda.set_sync_debug_mode("error")``), and the layer's
 decode at FLA's head sizes (against FLA's layer with the same state dict when
-flash-linear-attention's layers import). Writes ``gpu_check.json`` and
+flash-linear-attention's layers import), and ours, FLA's and FlashQLA's (when
+they import) times at the model's calibration rows beside its estimates.
+Writes ``gpu_check.json`` and
 ``gpu_check.md`` to ``--out``.
 
     python benchmarks/gpu_check.py --out DIR            # on a GPU machine (gpu_check.sh)
@@ -396,6 +398,67 @@ def segment_times(device, dims, dtype, T):
     return {"plan_P": plan, "measured_best_P": best, "n_sms": ctx.n_sms, "by_P": rows}
 
 
+def _flash_qla_entry():
+    """FlashQLA's chunked GDN when ``flash_qla`` imports (its ``chunk_gated_delta_rule``,
+    FLA's call form), else None."""
+    try:
+        import flash_qla
+    except ImportError:
+        return None
+    return getattr(flash_qla, "chunk_gated_delta_rule", None)
+
+
+def check_calibration(results, device, dims, dtype, bounds):
+    """The model's calibration rows (``roofline.CALIBRATION``: one sequence,
+    K = V = 128, bf16, FLA 0.5.1's published H200 times): forward and
+    backward ms of ours, FLA's and, when ``flash_qla`` imports, FlashQLA's,
+    each beside the calibrated model's estimate, so one run recalibrates it.
+    Times are eager (the published ones and the model: CUDA-graph replays),
+    the backward is forward+backward minus forward."""
+    import roofline
+
+    facts = roofline.load_facts()
+    paths = {"gdn_kcp": None}
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdr
+
+        paths["fla"] = fla_gdr
+    except Exception as error:
+        results["calibration_fla_error"] = f"{type(error).__name__}: {error}"
+    if _flash_qla_entry() is not None:
+        paths["flash_qla"] = _flash_qla_entry()
+    published = {(m.H, m.HV, m.T, m.phase): m.ms for m in roofline.CALIBRATION}
+    rows = []
+    for H_qk, HV, T in sorted({(m.H, m.HV, m.T) for m in roofline.CALIBRATION}, reverse=True):
+        dry = device.type == "cpu"  # the dry run: the interpreter, tiny shapes, one timing
+        run_T, K, run_heads = (96, 16, (max(1, H_qk // 8), max(1, HV // 8))) if dry else (T, 128, (H_qk, HV))
+        xs = [x.requires_grad_() for x in inputs(run_T, *run_heads, K, K, dtype, device)]
+        cu = torch.tensor([0, run_T], dtype=torch.long, device=device)
+        ctx = build_kcp_context([0, run_T], device=device)
+        do = torch.randn_like(xs[2])
+        model = roofline.compare(roofline.model_shape(T, 1, H_qk, HV), facts)
+        row = {"H_qk": H_qk, "HV": HV, "T": T, "run_T": run_T, "run_heads": run_heads,
+               "published_fla_ms": {phase: published.get((H_qk, HV, T, phase)) for phase in ("forward", "backward")},
+               "model_ms": {name: {"forward": round(r["forward_ms"], 3), "backward": round(r["backward_ms"], 3)}
+                            for name, r in model.items()}}
+        for name, entry in paths.items():
+            def fn(entry=entry):
+                if entry is None:
+                    return gdn_kcp(*xs, ctx, use_qk_l2norm_in_kernel=True)[0]
+                return entry(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
+
+            try:
+                repeats = dict(repeats=1, warmup=0) if dry else {}
+                with torch.no_grad():
+                    forward = timed(fn, device, **repeats)
+                both = timed(lambda: torch.autograd.grad((fn() * do).sum(), xs), device, **repeats)
+                row[f"{name}_ms"] = {"forward": round(forward, 3), "backward": round(both - forward, 3)}
+            except Exception as error:
+                row[f"{name}_error"] = f"{type(error).__name__}: {error}"
+        rows.append(row)
+    results["calibration"] = rows
+
+
 def check_decode(results, device, dims, dtype, bounds):
     """Our GatedDeltaNet at FLA's layer head sizes (head_dim 256, expand_v 2: K =
     256, V = 512): a prefill and 16 decode steps against the full forward, the
@@ -447,7 +510,7 @@ def check_decode(results, device, dims, dtype, bounds):
 
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
          "profile": "profile_kernels", "segments": "time_segments", "reduce_overhead": "check_reduce_overhead",
-         "capture_once": "check_capture_once", "decode": "check_decode"}
+         "capture_once": "check_capture_once", "decode": "check_decode", "calibration": "check_calibration"}
 
 
 def main() -> None:
@@ -538,6 +601,14 @@ def markdown(r: dict) -> str:
                                  f"forward {row['forward_ms']:.2f} ms, forward+backward "
                                  f"{row['forward_backward_ms']:.2f} ms, rel RMS vs P = 1 "
                                  f"{row['max_relative_rms_vs_p1']:.1e}" for P, row in seg["by_P"].items()))
+    for row in r.get("calibration", []):
+        measured = "; ".join(f"{name} {row[name + '_ms']['forward']:.3f} / {row[name + '_ms']['backward']:.3f}"
+                             for name in ("gdn_kcp", "fla", "flash_qla") if name + "_ms" in row)
+        model = "; ".join(f"{name} {m['forward']:.3f} / {m['backward']:.3f}" for name, m in row["model_ms"].items())
+        pub = row["published_fla_ms"]
+        lines.append(f"- calibration row H_qk {row['H_qk']}, HV {row['HV']}, T {row['T']} (run at T = {row['run_T']}),"
+                     f" forward / backward ms: measured (eager) {measured}; model {model}; FLA published "
+                     f"{pub['forward']} / {pub['backward']}")
     if "decode" in r:
         d = r["decode"]
         lines.append(f"- decode (layer {d['config']}, B = {d['B']}, prompt {d['prompt']}, {d['steps']} steps): rel RMS "
