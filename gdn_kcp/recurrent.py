@@ -160,9 +160,8 @@ def fused_recurrent_gated_delta_rule(
         doc_bounds = cu_seqlens.to(q.device, torch.int64)
     cdt = compute_dtype(q.dtype)
     o, final_state = recurrent_op(
-        q.reshape(BT, dims.H_qk, dims.K).contiguous(), k.reshape(BT, dims.H_qk, dims.K).contiguous(),
-        v.reshape(BT, dims.HV, dims.V).contiguous(), g.reshape(BT, dims.HV).contiguous(),
-        beta.reshape(BT, dims.HV).contiguous(), None if gate is None else gate.params(cdt), doc_bounds,
+        q.reshape(BT, dims.H_qk, dims.K), k.reshape(BT, dims.H_qk, dims.K), v.reshape(BT, dims.HV, dims.V),
+        g.reshape(BT, dims.HV), beta.reshape(BT, dims.HV), None if gate is None else gate.params(cdt), doc_bounds,
         initial_state, float(dims.K**-0.5 if scale is None else scale), use_qk_l2norm_in_kernel,
         False if gate is None else gate.beta_sigmoid, 1.0 if gate is None else gate.beta_scale)
     if not output_final_state:
