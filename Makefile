@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report roofline roofline-facts gpu-check clean
+.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report roofline roofline-facts fla-layer-check gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,13 @@ roofline-facts: $(VENV)/.test
 	&& $(PIP) install -q --no-deps --target $$D/triton triton==3.6.0 \
 	&& TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$D/cache \
 	$(PY) benchmarks/roofline.py --refresh-facts --fla-site $$D/fla --triton-site $$D/triton --calibration
+
+# Not CI: flash-linear-attention 0.5.1's own GatedDeltaNet layer (its Triton kernels under triton 3.6's
+# interpreter) against ours with the same state dict: training forward and gradients, cu_seqlens, padding
+# masks, cached generation. Downloads FLA, einops and triton 3.6.0 into a temporary folder (a few minutes).
+fla-layer-check: $(VENV)/.test
+	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D fla-core==0.5.1 flash-linear-attention==0.5.1 \
+	einops==0.8.2 triton==3.6.0 && GDN_KCP_FLA_SITE=$$D $(PY) -m pytest -q -s tests/test_fla_layer.py
 
 # On a GPU machine only (uses the machine's torch and triton).
 gpu-check:
