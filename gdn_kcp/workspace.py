@@ -131,6 +131,37 @@ class Arena:
         self._log("end", "", 0)
 
 
+class Pools:
+    """The arena of a traced call (``torch.compile``): every pool is its own
+    ``torch.empty`` of the layout's shape and dtype, allocated where the host
+    path binds it, so Inductor sees each one and plans (reuses) them itself.
+    Same interface as :class:`Arena`; the binds and releases are the host
+    path's, checked against the layout as there."""
+
+    def __init__(self, layout: CallLayout, device: torch.device) -> None:
+        self.layout, self.device = layout, device
+        self.bound: set[str] = set()
+
+    def phase(self, name: str) -> None:
+        pass
+
+    def bind(self, name: str) -> torch.Tensor:
+        spec = self.layout.pools.get(name)
+        if spec is None:
+            raise RuntimeError(f"the {self.layout.call} layout has no pool {name!r}")
+        if name in self.bound:
+            raise RuntimeError(f"pool {name!r} is already bound")
+        self.bound.add(name)
+        return torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+
+    def release(self, *names: str) -> None:
+        for name in names:
+            self.bound.remove(name)
+
+    def close(self) -> None:
+        self.bound.clear()
+
+
 class WorkspaceKcp:
     """A caller-held arena for the KCP calls of one (context, shapes, dtype, options).
 

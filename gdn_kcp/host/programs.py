@@ -16,9 +16,18 @@ BACKENDS = ("torch", "triton")
 _backend_of = {"cpu": "torch", "cuda": "triton"}
 
 
+_loaded: dict[str, ModuleType] = {}
+
+
 def programs_for(device: torch.device) -> ModuleType:
-    """``gdn_kcp.kernels.torch`` or ``gdn_kcp.kernels.triton`` for ``device``."""
-    return importlib.import_module(f"gdn_kcp.kernels.{_backend_of.get(device.type, 'torch')}")
+    """``gdn_kcp.kernels.torch`` or ``gdn_kcp.kernels.triton`` for ``device``.
+    A loaded backend is a dict lookup, which torch.compile traces (it cannot
+    trace an import)."""
+    backend = _backend_of.get(device.type, "torch")
+    module = _loaded.get(backend)
+    if module is None:
+        module = _loaded[backend] = importlib.import_module(f"gdn_kcp.kernels.{backend}")
+    return module
 
 
 @contextlib.contextmanager

@@ -1,9 +1,11 @@
 """The autograd layer over ``gdn_kcp::fwd`` / ``gdn_kcp::bwd``.
 
-It allocates each call's workspace with ``torch.empty`` of the queried bytes in
-traced code (so Inductor plans it and FakeTensor tracing sees it), unless the
-caller holds a :class:`WorkspaceKcp`, and saves exactly what the forward op
-returns for the backward.
+Eager, it allocates each call's workspace with ``torch.empty`` of the queried
+bytes, unless the caller holds a :class:`WorkspaceKcp`, and saves exactly what
+the forward op returns for the backward. Under ``torch.compile`` (one rank, no
+held workspace) it runs the ops' bodies instead of the opaque ops: Dynamo
+traces the host path, each pool is its own ``torch.empty`` and every program
+is in the graph, for Inductor to plan and fuse (:func:`traces_host_path`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.workspace import WorkspaceKcp
 
-from . import library  # noqa: F401  (registers the ops)
+from .library import backward_body, forward_body  # importing registers the ops
 
 
 @torch.compiler.assume_constant_result
@@ -50,6 +52,13 @@ def call_workspace(workspace, meta: tuple, q, v, options: str, which: str):
     return torch.empty(nbytes, dtype=torch.uint8, device=q.device)
 
 
+def traces_host_path(meta: tuple, workspace) -> bool:
+    """True when the call runs the ops' bodies in traced code: under
+    ``torch.compile``, on one rank (the exchanges are eager collectives), with
+    no caller-held workspace (whose bytes the opaque op carves)."""
+    return torch.compiler.is_compiling() and workspace is None and meta[0] == 1
+
+
 class GdnFunction(torch.autograd.Function):
     """Forward and backward ops; the backward is explicit (no autograd through
     the forward)."""
@@ -57,10 +66,16 @@ class GdnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta: tuple,
                 group_name: str, options: str, scale: float, n_final_states: int, gate_params, beta_mode: tuple):
-        o, final_state, *saved = torch.ops.gdn_kcp.fwd(
-            q, k, v, g, beta, initial_state, call_workspace(workspace, meta, q, v, options, "fwd"), chunk_table, frag_table, list(meta), group_name,
-            options, scale, n_final_states, gate_params, *beta_mode,
-        )
+        if traces_host_path(meta, workspace):
+            o, final_state, *saved = forward_body(
+                q, k, v, g, beta, initial_state, None, chunk_table, frag_table, list(meta), "", options, scale,
+                n_final_states, gate_params, *beta_mode,
+            )
+        else:
+            o, final_state, *saved = torch.ops.gdn_kcp.fwd(
+                q, k, v, g, beta, initial_state, call_workspace(workspace, meta, q, v, options, "fwd"), chunk_table,
+                frag_table, list(meta), group_name, options, scale, n_final_states, gate_params, *beta_mode,
+            )
         ctx.save_for_backward(q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved)
         ctx.args = (meta, group_name, options, scale, n_final_states, beta_mode)
         ctx.workspace = workspace
@@ -71,14 +86,19 @@ class GdnFunction(torch.autograd.Function):
     def backward(ctx, do, d_final_state):
         q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved = ctx.saved_tensors
         meta, group_name, options, scale, n_final_states, beta_mode = ctx.args
-        workspace = call_workspace(ctx.workspace, meta, q, v, options, "bwd")
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
-        dq, dk, dv, dg, dbeta, d_initial, d_gate = torch.ops.gdn_kcp.bwd(
-            do.contiguous(), d_final_state.contiguous() if n_final_states else None, q, k, v, g, beta,
-            initial_state, saved,
-            workspace, chunk_table, frag_table, list(meta), group_name, options, scale, needs_d_initial,
-            gate_params, *beta_mode,
-        )
+        do, d_final_state = do.contiguous(), d_final_state.contiguous() if n_final_states else None
+        if traces_host_path(meta, ctx.workspace):
+            dq, dk, dv, dg, dbeta, d_initial, d_gate = backward_body(
+                do, d_final_state, q, k, v, g, beta, initial_state, saved, None, chunk_table, frag_table,
+                list(meta), "", options, scale, needs_d_initial, gate_params, *beta_mode,
+            )
+        else:
+            dq, dk, dv, dg, dbeta, d_initial, d_gate = torch.ops.gdn_kcp.bwd(
+                do, d_final_state, q, k, v, g, beta, initial_state, saved,
+                call_workspace(ctx.workspace, meta, q, v, options, "bwd"), chunk_table, frag_table, list(meta),
+                group_name, options, scale, needs_d_initial, gate_params, *beta_mode,
+            )
         return (dq, dk, dv, dg, dbeta, d_initial if needs_d_initial else None,
                 None, None, None, None, None, None, None, None, d_gate if gate_params is not None else None, None)
 

@@ -7,6 +7,11 @@ string. The kernels run the host path: over the torch programs on the CPU, over 
 Triton programs on CUDA (:mod:`gdn_kcp.host.programs`). Every tensor must be
 contiguous (the programs address rows as ``(t * H + h) * D``); the autograd
 layer makes them so. Fake kernels live in :mod:`gdn_kcp.fake`.
+
+:func:`forward_body` and :func:`backward_body` are the ops' bodies; under
+``torch.compile`` the autograd layer calls them directly with
+``workspace=None`` (each pool its own ``torch.empty``, :class:`Pools`), so
+Dynamo traces the host path and Inductor sees every program and pool.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from gdn_kcp.options import options_from_str
 from gdn_kcp.queries.layout import kernel_saved_layout, gdn_workspace_layout_kcp
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.queries.shapes import SAVED_NAMES
-from gdn_kcp.workspace import Arena
+from gdn_kcp.workspace import Arena, Pools
 
 DEVICES = ("cpu", "cuda")
 
@@ -33,18 +38,21 @@ def check_contiguous(**tensors: Tensor | None) -> None:
             raise ValueError(f"{name} must be contiguous, got strides {tuple(tensor.stride())}")
 
 
-def op_setup(q: Tensor, v: Tensor, workspace: Tensor, chunk_table, frag_table, meta, group_name, options, scale,
-             which: str, gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float
+def op_setup(q: Tensor, v: Tensor, workspace: Tensor | None, chunk_table, frag_table, meta, group_name, options,
+             scale, which: str, gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float
              ) -> tuple[Call, dict, Buffers]:
     """The call, its saved layout and its buffers (the ``which`` call's arena
-    over ``workspace``), rebuilt from the op's arguments."""
+    over ``workspace``; with None, :class:`Pools`), rebuilt from the op's arguments."""
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
     call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale,
                 gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale)
     shapes = (q.shape[1], call.HV, call.K, call.V)
     saved_layout = kernel_saved_layout(ctx, *shapes, dtype=q.dtype, options=call.options)
     layout = gdn_workspace_layout_kcp(ctx, *shapes, dtype=q.dtype, options=call.options)
-    arena = Arena(workspace, getattr(layout, which), graph=call.options.graph == "replay")
+    if workspace is None:
+        arena = Pools(getattr(layout, which), q.device)
+    else:
+        arena = Arena(workspace, getattr(layout, which), graph=call.options.graph == "replay")
     return call, saved_layout, Buffers(arena, saved_layout, q.device, saving=which == "fwd")
 
 
@@ -61,6 +69,17 @@ def fwd(
     (or ``beta_scale * beta``) inside the programs. Returns o
     ``[T, HV, V]``, the final states ``[n_final_states, HV, K, V]`` and one
     tensor per name of ``SAVED_NAMES`` (empty when the options keep none)."""
+    return forward_body(q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta, group_name,
+                        options, scale, n_final_states, gate_params, beta_sigmoid, beta_scale)
+
+
+def forward_body(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
+    workspace: Tensor | None, chunk_table: Tensor, frag_table: Tensor, meta: list[int], group_name: str,
+    options: str, scale: float, n_final_states: int, gate_params: Tensor | None, beta_sigmoid: bool,
+    beta_scale: float,
+) -> tuple[Tensor, ...]:
+    """:func:`fwd`'s body; ``workspace`` None: each pool its own tensor."""
     check_contiguous(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     call, saved_layout, buffers = op_setup(q, v, workspace, chunk_table, frag_table, meta, group_name, options,
                                            scale, "fwd", gate_params, beta_sigmoid, beta_scale)
@@ -88,6 +107,18 @@ def bwd(
     d_gate_params ``[2, HV]`` empty without gate_params (dg and dbeta are then
     the gradients of the raw inputs). ``saved`` is what :func:`fwd` returned
     after o and the final states, in ``SAVED_NAMES`` order."""
+    return backward_body(do, d_final_state, q, k, v, g, beta, initial_state, saved, workspace, chunk_table,
+                         frag_table, meta, group_name, options, scale, needs_d_initial, gate_params, beta_sigmoid,
+                         beta_scale)
+
+
+def backward_body(
+    do: Tensor, d_final_state: Tensor | None, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+    initial_state: Tensor | None, saved: list[Tensor], workspace: Tensor | None, chunk_table: Tensor,
+    frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float, needs_d_initial: bool,
+    gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float,
+) -> tuple[Tensor, ...]:
+    """:func:`bwd`'s body; ``workspace`` None: each pool its own tensor."""
     check_contiguous(do=do, d_final_state=d_final_state, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     call, saved_layout, buffers = op_setup(q, v, workspace, chunk_table, frag_table, meta, group_name, options,
                                            scale, "bwd", gate_params, beta_sigmoid, beta_scale)

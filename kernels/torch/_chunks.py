@@ -57,22 +57,57 @@ def chunk_beta(beta: torch.Tensor, rows: ChunkRows, dtype: torch.dtype, sigmoid:
     return torch.where(rows.valid[:, None, :], scale * s, zero), scale * s * (1 - s)
 
 
+def put_rows(out: torch.Tensor, at: torch.Tensor, keep: torch.Tensor, src: torch.Tensor) -> None:
+    """``out[at[keep]] = src[keep]`` (rows of dim 0; the kept ``at`` are
+    distinct). Traced (``torch.compile``), in fixed shapes: each row of
+    ``out`` takes the kept source that names it (a max-scatter of source
+    positions) or keeps its value, a pass over all of ``out``; eager, the
+    masked write, which touches the kept rows only (the walks call it once
+    per step)."""
+    if not torch.compiler.is_compiling():
+        out[at[keep]] = src[keep].to(out.dtype)
+        return
+    n = out.shape[0]
+    offer = torch.where(keep, torch.arange(at.shape[0], device=at.device), -1)
+    none = torch.full((n,), -1, dtype=torch.long, device=at.device)
+    owner = none.scatter_reduce(0, at.long().clamp(0, max(n - 1, 0)), offer, "amax")
+    held = (owner >= 0).view(-1, *([1] * (out.dim() - 1)))
+    out.copy_(torch.where(held, src[owner.clamp(min=0)].to(out.dtype), out))
+
+
+def token_sources(rows: ChunkRows, n_tokens: int) -> torch.Tensor:
+    """``[n_tokens]``: for each token, the flat position (``chunk * C + row``)
+    of the valid chunk row that holds it, -1 where none does. A scatter of
+    fixed shape (each token's one valid row wins the max over the -1 its
+    padded rows offer), so traced code (``torch.compile``) meets no
+    data-dependent size, as a boolean-mask write would be."""
+    NC, C = rows.token.shape
+    position = torch.arange(NC * C, device=rows.token.device).view(NC, C)
+    offer = torch.where(rows.valid, position, -1).flatten()
+    into = rows.token.clamp(0, max(n_tokens - 1, 0)).flatten()
+    none = torch.full((n_tokens,), -1, dtype=torch.long, device=rows.token.device)
+    return none.scatter_reduce(0, into, offer, "amax")
+
+
+def _token_rows(xc: torch.Tensor, rows: ChunkRows, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk row of every token of ``out`` (``[T, H, D]``) and where one exists."""
+    xc = xc[..., None] if xc.dim() == 3 else xc
+    source = token_sources(rows, out.shape[0])
+    src = xc.movedim(2, 1).reshape(-1, *xc.shape[1:2], *xc.shape[3:])[source.clamp(min=0)]
+    return src.view(out.shape), (source >= 0).view(-1, *([1] * (out.dim() - 1)))
+
+
 def from_chunks(xc: torch.Tensor, rows: ChunkRows, out: torch.Tensor) -> None:
     """Write the valid rows of ``[NC, H, C, D]`` (or ``[NC, H, C]``) into ``out``."""
-    if xc.dim() == 3:
-        xc = xc[..., None]
-        out = out[..., None]
-    out[rows.token[rows.valid]] = xc.movedim(2, 1)[rows.valid].to(out.dtype)
+    src, held = _token_rows(xc, rows, out)
+    out.copy_(torch.where(held, src.to(out.dtype), out))
 
 
 def add_from_chunks(xc: torch.Tensor, rows: ChunkRows, out: torch.Tensor) -> None:
     """Add the valid rows of ``[NC, H, C, D]`` (or ``[NC, H, C]``) into ``out``:
     the sum in ``xc``'s dtype, rounded once to ``out``'s (as the Triton programs)."""
-    if xc.dim() == 3:
-        xc = xc[..., None]
-        out = out[..., None]
-    token = rows.token[rows.valid]
-    out[token] = (out[token].to(xc.dtype) + xc.movedim(2, 1)[rows.valid]).to(out.dtype)
+    src, held = _token_rows(xc, rows, out)
+    out.copy_(torch.where(held, (out.to(xc.dtype) + src).to(out.dtype), out))
 
 
 def l2_rstd(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex
 from ..precision import accumulator_dtype
-from ._chunks import chunk_rows, from_chunks, to_chunks
+from ._chunks import chunk_rows, from_chunks, put_rows, to_chunks
 from ._walk import adjoint_step, q_decayed_do, walk_operands
 from .tape_walk import carried, gather_states, write_end_states
 
@@ -73,9 +73,9 @@ def adjoint_walk(
     for j in reversed(range(index.max_frag_chunks)):
         active = index.frag_n_chunks > j
         c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
-        dh_out[c[active]] = dS[active].to(dh_out.dtype)
+        put_rows(dh_out, c, active, dS)
         dvn, dS_prev = adjoint_step(ops, dvl, pull, c, dS)
-        dv_new[c[active]] = dvn[active]
+        put_rows(dv_new, c, active, dvn)
         dS = torch.where(active[:, None, None, None], dS_prev, dS)
     from_chunks(dv_new, rows, dv_out)
     write_end_states(index, dS, d_initial_state_out, CROSSING_IN)

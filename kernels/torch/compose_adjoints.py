@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, ChunkIndex, crosses
+from ._chunks import put_rows
 from .adjoint_walk import end_adjoints
 
 
@@ -41,7 +42,7 @@ def compose_adjoints(
         active = count > p
         row = (first + count - 1 - p).clamp(0, n_sum - 1)
         if end_out is not None:
-            end_out[row[active]] = Y[active].to(end_out.dtype)
+            put_rows(end_out, row, active, Y)
         Y = torch.where(active[:, None, None, None], summary[row, ..., V:].mT @ Y + nu[row], Y)
     if nu_out is not None:
         folded = (crosses(index.frag_flags[:1], CROSSING_IN) & (count[:1] > 0))[:, None, None, None]

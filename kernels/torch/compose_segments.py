@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, crosses, last_real_fragment
+from ._chunks import put_rows
 from .tape_walk import start_states
 
 
@@ -47,7 +48,7 @@ def compose_segments(
         active = count > p
         row = (first + p).clamp(max=n_sum - 1)
         if start_out is not None:
-            start_out[row[active]] = X[active].to(start_out.dtype)
+            put_rows(start_out, row, active, X)
         M, S = summary[row, ..., V:], summary[row, ..., :V]
         on = active[:, None, None, None]
         X = torch.where(on, M @ X + S, X)
@@ -55,7 +56,9 @@ def compose_segments(
             fold = torch.where(on, M @ fold, fold)
     if final_state_out is not None:
         ends = (count > 1) & ((index.frag_flags & CROSSING_OUT) == 0)
-        final_state_out[ends.nonzero()[:, 0]] = X[ends].to(final_state_out.dtype)
+        n = final_state_out.shape[0]  # fragment f's final state is row f; no fragment past n ends here
+        final_state_out.copy_(torch.where(ends[:n, None, None, None], X[:n].to(final_state_out.dtype),
+                                          final_state_out))
     if s_loc_out is not None:
         last = last_real_fragment(index.frag_flags)
         folded = (crosses(index.frag_flags[last], CROSSING_OUT) & (count[last] > 0))[:, None, None, None]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ._chunks import L2NORM_EPS
+from ._chunks import L2NORM_EPS, put_rows
 
 
 def _rows(x: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -59,5 +59,5 @@ def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *
         stepped = decayed + k_t[..., None] * u_t[..., None, :]
         state.copy_(torch.where(live[:, None, None, None], stepped, state))
         o_t = scale * torch.einsum("nhk,nhkv->nhv", q_t, stepped)
-        o_out[rows[live]] = o_t[live].to(o_out.dtype)
+        put_rows(o_out, rows, live, o_t)
     state_out.copy_(state)

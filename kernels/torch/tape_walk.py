@@ -15,7 +15,7 @@ import torch
 from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, initial_row_shift
 from ..segments import SEGMENT
 from ..precision import accumulator_dtype
-from ._chunks import chunk_rows, from_chunks, to_chunks
+from ._chunks import chunk_rows, from_chunks, put_rows, to_chunks
 from ._walk import state_step, walk_operands
 
 
@@ -67,7 +67,7 @@ def write_end_states(index: ChunkIndex, S: torch.Tensor, out: torch.Tensor | Non
     if out is None:
         return
     rows, has_row = state_rows(index, flag)
-    out[rows[has_row]] = S[has_row].to(out.dtype)
+    put_rows(out, rows, has_row, S)
 
 
 def tape_walk(
@@ -107,9 +107,9 @@ def tape_walk(
     for j in range(index.max_frag_chunks):
         active = index.frag_n_chunks > j
         c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
-        h_out[c[active]] = S[active].to(h_out.dtype)
+        put_rows(h_out, c, active, S)
         vn, S_next = state_step(ops, uc, c, S)
-        v_new[c[active]] = vn[active]
+        put_rows(v_new, c, active, vn)
         S = torch.where(active[:, None, None, None], S_next, S)
     from_chunks(v_new, rows, v_new_out)
     write_end_states(index, S, final_state_out, CROSSING_OUT)
