@@ -9,6 +9,7 @@ from gdn_kcp.context import KcpContext, build_kcp_context
 from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.options import OptionsKcp
+from gdn_kcp.ops import trace_host_path
 from gdn_kcp.parallel import check_cp_gradients
 from gdn_kcp.queries import (
     gdn_comm_bytes_kcp,
@@ -55,4 +56,5 @@ __all__ = [
     "naive_recurrence",
     "record_comm_bytes",
     "record_workspace",
+    "trace_host_path",
 ]

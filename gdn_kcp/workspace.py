@@ -138,17 +138,18 @@ class Pools:
     Same interface as :class:`Arena`; the binds and releases are the host
     path's, checked against the layout as there."""
 
-    def __init__(self, layout: CallLayout, device: torch.device) -> None:
-        self.layout, self.device = layout, device
+    def __init__(self, call: str, pools: dict, device: torch.device) -> None:
+        """``pools``: name -> spec (``shape``, ``dtype``) of the ``call``'s layout."""
+        self.call, self.pools, self.device = call, pools, device
         self.bound: set[str] = set()
 
     def phase(self, name: str) -> None:
         pass
 
     def bind(self, name: str) -> torch.Tensor:
-        spec = self.layout.pools.get(name)
+        spec = self.pools.get(name)
         if spec is None:
-            raise RuntimeError(f"the {self.layout.call} layout has no pool {name!r}")
+            raise RuntimeError(f"the {self.call} layout has no pool {name!r}")
         if name in self.bound:
             raise RuntimeError(f"pool {name!r} is already bound")
         self.bound.add(name)

@@ -28,6 +28,7 @@ def test_all_is_pinned():
         "naive_recurrence",
         "record_comm_bytes",
         "record_workspace",
+        "trace_host_path",
     ]
 
 

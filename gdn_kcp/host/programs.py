@@ -19,15 +19,20 @@ _backend_of = {"cpu": "torch", "cuda": "triton"}
 _loaded: dict[str, ModuleType] = {}
 
 
+def load_programs(device_type: str) -> ModuleType:
+    """Import the backend ``device_type`` runs now (eagerly: a traced call then finds it loaded)."""
+    backend = _backend_of.get(device_type, "torch")
+    if backend not in _loaded:
+        _loaded[backend] = importlib.import_module(f"gdn_kcp.kernels.{backend}")
+    return _loaded[backend]
+
+
 def programs_for(device: torch.device) -> ModuleType:
     """``gdn_kcp.kernels.torch`` or ``gdn_kcp.kernels.triton`` for ``device``.
     A loaded backend is a dict lookup, which torch.compile traces (it cannot
     trace an import)."""
-    backend = _backend_of.get(device.type, "torch")
-    module = _loaded.get(backend)
-    if module is None:
-        module = _loaded[backend] = importlib.import_module(f"gdn_kcp.kernels.{backend}")
-    return module
+    module = _loaded.get(_backend_of.get(device.type, "torch"))
+    return load_programs(device.type) if module is None else module
 
 
 @contextlib.contextmanager

@@ -1,19 +1,24 @@
 """The autograd layer over ``gdn_kcp::fwd`` / ``gdn_kcp::bwd``.
 
-Eager, it allocates each call's workspace with ``torch.empty`` of the queried
-bytes, unless the caller holds a :class:`WorkspaceKcp`, and saves exactly what
-the forward op returns for the backward. Under ``torch.compile`` (one rank, no
+By default (eager and compiled) it allocates each call's workspace with
+``torch.empty`` of the queried bytes, unless the caller holds a
+:class:`WorkspaceKcp`, and saves exactly what the forward op returns for the
+backward. Under ``torch.compile`` inside :func:`trace_host_path` (one rank, no
 held workspace) it runs the ops' bodies instead of the opaque ops: Dynamo
 traces the host path, each pool is its own ``torch.empty`` and every program
-is in the graph, for Inductor to plan and fuse (:func:`traces_host_path`).
+is in the graph, for Inductor to plan and fuse.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
 from gdn_kcp.context import KcpContext, context_from_meta
 from gdn_kcp.gates import InKernelGate
+from gdn_kcp.host.programs import load_programs
 from gdn_kcp.options import OptionsKcp, options_from_str
 from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
 from gdn_kcp.dtypes import compute_dtype
@@ -52,11 +57,42 @@ def call_workspace(workspace, meta: tuple, q, v, options: str, which: str):
     return torch.empty(nbytes, dtype=torch.uint8, device=q.device)
 
 
+TRACE_HOST_PATH = False
+"""Set by :func:`trace_host_path`; read when Dynamo traces a call."""
+
+
+@contextlib.contextmanager
+def trace_host_path(enabled: bool = True) -> Iterator[None]:
+    """Within the block, ``torch.compile`` traces the host path of the calls it
+    compiles (one rank, no held workspace) instead of keeping the opaque ops:
+    every program and pool is in the graph, for Inductor to plan and fuse.
+    Off by default: on the CPU, Inductor generates C++ for every program
+    (about 2 minutes to compile a forward and backward at T = 70 on 2 cores,
+    against seconds for the opaque ops). The block must hold the first call
+    of the compiled function (when the forward and backward graphs are
+    traced); later calls replay them.
+
+    Example::
+
+        with gdn_kcp.trace_host_path():
+            o, _ = torch.compile(chunk_gated_delta_rule, fullgraph=True)(q, k, v, g, beta, cu_seqlens=cu)
+    """
+    global TRACE_HOST_PATH
+    for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+        load_programs(device_type)  # Dynamo cannot trace an import
+    previous, TRACE_HOST_PATH = TRACE_HOST_PATH, bool(enabled)
+    try:
+        yield
+    finally:
+        TRACE_HOST_PATH = previous
+
+
 def traces_host_path(meta: tuple, workspace) -> bool:
     """True when the call runs the ops' bodies in traced code: under
-    ``torch.compile``, on one rank (the exchanges are eager collectives), with
-    no caller-held workspace (whose bytes the opaque op carves)."""
-    return torch.compiler.is_compiling() and workspace is None and meta[0] == 1
+    ``torch.compile`` inside :func:`trace_host_path`, on one rank (the
+    exchanges are eager collectives), with no caller-held workspace (whose
+    bytes the opaque op carves)."""
+    return TRACE_HOST_PATH and torch.compiler.is_compiling() and workspace is None and meta[0] == 1
 
 
 class GdnFunction(torch.autograd.Function):

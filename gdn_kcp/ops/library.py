@@ -16,7 +16,7 @@ Dynamo traces the host path and Inductor sees every program and pool.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -24,7 +24,7 @@ from torch import Tensor
 from gdn_kcp.context import context_from_meta
 from gdn_kcp.host import Buffers, Call, host_backward, host_forward
 from gdn_kcp.options import options_from_str
-from gdn_kcp.queries.layout import kernel_saved_layout, gdn_workspace_layout_kcp
+from gdn_kcp.queries.layout import CallLayout, gdn_workspace_layout_kcp, kernel_saved_layout
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.queries.shapes import SAVED_NAMES
 from gdn_kcp.workspace import Arena, Pools
@@ -38,6 +38,34 @@ def check_contiguous(**tensors: Tensor | None) -> None:
             raise ValueError(f"{name} must be contiguous, got strides {tuple(tensor.stride())}")
 
 
+def call_layouts(meta: tuple, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype, options: str,
+                 which: str) -> tuple[dict, CallLayout]:
+    """The saved layout and the ``which`` call's layout."""
+    ctx = context_from_meta(list(meta), None, None, "")
+    opts = options_from_str(options)
+    return (kernel_saved_layout(ctx, H_qk, HV, K, V, dtype=dtype, options=opts),
+            getattr(gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=opts), which))
+
+
+@torch.compiler.assume_constant_result
+def traced_layouts(meta: tuple, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype, options: str,
+                   which: str) -> tuple[tuple, tuple]:
+    """:func:`call_layouts` as constants of a traced graph: ``(name, shape,
+    dtype)`` of every saved tensor and every pool (Dynamo calls the queries
+    instead of tracing their Python, and takes tuples of plain values)."""
+    saved, layout = call_layouts(meta, H_qk, HV, K, V, dtype, options, which)
+    return (tuple((name, tuple(spec.shape), spec.dtype) for name, spec in saved.items()),
+            tuple((name, tuple(spec.shape), spec.dtype) for name, spec in layout.pools.items()))
+
+
+class TensorSpec(NamedTuple):
+    """A pool or saved tensor of a traced call: what :class:`Pools` and
+    :class:`Buffers` read of a spec."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
 def op_setup(q: Tensor, v: Tensor, workspace: Tensor | None, chunk_table, frag_table, meta, group_name, options,
              scale, which: str, gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float
              ) -> tuple[Call, dict, Buffers]:
@@ -46,13 +74,14 @@ def op_setup(q: Tensor, v: Tensor, workspace: Tensor | None, chunk_table, frag_t
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
     call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale,
                 gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale)
-    shapes = (q.shape[1], call.HV, call.K, call.V)
-    saved_layout = kernel_saved_layout(ctx, *shapes, dtype=q.dtype, options=call.options)
-    layout = gdn_workspace_layout_kcp(ctx, *shapes, dtype=q.dtype, options=call.options)
+    dims = (tuple(meta), q.shape[1], call.HV, call.K, call.V, q.dtype, options, which)
     if workspace is None:
-        arena = Pools(getattr(layout, which), q.device)
+        saved, pools = traced_layouts(*dims)
+        saved_layout = {name: TensorSpec(shape, dtype) for name, shape, dtype in saved}
+        arena = Pools(which, {name: TensorSpec(shape, dtype) for name, shape, dtype in pools}, q.device)
     else:
-        arena = Arena(workspace, getattr(layout, which), graph=call.options.graph == "replay")
+        saved_layout, layout = call_layouts(*dims)
+        arena = Arena(workspace, layout, graph=call.options.graph == "replay")
     return call, saved_layout, Buffers(arena, saved_layout, q.device, saving=which == "fwd")
 
 
