@@ -37,7 +37,7 @@ if "--dry-run" in sys.argv:  # before torch and triton are imported: the interpr
 
 import torch  # noqa: E402
 
-from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp  # noqa: E402
+from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp, trace_host_path  # noqa: E402
 from gdn_kcp.host.programs import use_programs  # noqa: E402
 
 
@@ -508,9 +508,56 @@ def check_decode(results, device, dims, dtype, bounds):
     results["decode"] = row
 
 
+def check_lowering(results, device, dims, dtype, bounds):
+    """The traced host path (``gdn_kcp.trace_host_path``): the FLA entry's
+    forward+backward compiled with it against eager, whether the output code
+    still calls a gdn_kcp op, how many Triton kernels it launches, and its
+    time beside the opaque ops' compiled graph and eager. The dry run traces
+    the torch programs with aot_eager (Inductor's C++ takes minutes on a CPU)."""
+    from torch._inductor.utils import run_and_get_code
+
+    H_qk, HV, K, V = dims
+    T = min(bounds[-1], 8192)
+    cu = torch.tensor([b for b in bounds if b < T] + [T], device=device)
+    xs = inputs(T, H_qk, HV, K, V, dtype, device)
+    do = torch.randn_like(xs[2])
+
+    def step(q, k, v, g, b):
+        return chunk_gated_delta_rule(q, k, v, g, b, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
+
+    def run(fn):
+        leaves = [x.clone().requires_grad_() for x in xs]
+        o = fn(*leaves)
+        return [o.detach(), *torch.autograd.grad((o * do).sum(), leaves)]
+
+    cuda = device.type == "cuda"
+    backend = "inductor" if cuda else "aot_eager"
+    row = {"T": T, "documents": len(cu) - 1, "backend": backend}
+    with _null() if cuda else use_programs("cpu", "torch"):
+        eager = run(step)
+        torch._dynamo.reset()
+        opaque = torch.compile(step, fullgraph=True, backend=backend)
+        run(opaque)
+        row["opaque_ms"] = timed(lambda: run(opaque), device, 3, 1)
+        row["eager_ms"] = timed(lambda: run(step), device, 3, 1)
+        traced = torch.compile(step, fullgraph=True, backend=backend)
+        with trace_host_path():
+            start = time.perf_counter()
+            got, codes = run_and_get_code(run, traced)
+            row["compile_s"] = round(time.perf_counter() - start, 1)
+            row["traced_ms"] = timed(lambda: run(traced), device, 3, 1)
+    names = ("o", "dq", "dk", "dv", "dg", "dbeta")
+    row["relative_rms_vs_eager"] = {n: rel_rms(a, b) for n, a, b in zip(names, got, eager)}
+    row["calls_gdn_kcp_op"] = any("gdn_kcp" in code for code in codes) if codes else None  # aot_eager: no code
+    row["triton_launches_in_code"] = sum(code.count(".run(") for code in codes)
+    row["pass"] = all(e < 1e-2 for e in row["relative_rms_vs_eager"].values()) and row["calls_gdn_kcp_op"] is not True
+    results["lowering"] = row
+
+
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
          "profile": "profile_kernels", "segments": "time_segments", "reduce_overhead": "check_reduce_overhead",
-         "capture_once": "check_capture_once", "decode": "check_decode", "calibration": "check_calibration"}
+         "capture_once": "check_capture_once", "decode": "check_decode", "calibration": "check_calibration",
+         "lowering": "check_lowering"}
 
 
 def main() -> None:
@@ -578,6 +625,13 @@ def markdown(r: dict) -> str:
         c = r["compile"]
         lines.append(f"- torch.compile(mode={c['mode']!r}): rel RMS vs eager {c['relative_rms_vs_eager']:.1e}, "
                      f"step {c['step_ms']:.1f} ms")
+    if "lowering" in r:
+        c = r["lowering"]
+        lines.append(f"- traced host path ({c['backend']}, T = {c['T']}): {'pass' if c['pass'] else 'FAIL'}, "
+                     f"rel RMS vs eager " + ", ".join(f"{k} {v:.1e}" for k, v in c["relative_rms_vs_eager"].items())
+                     + f"; gdn_kcp op in the code: {c['calls_gdn_kcp_op']}, Triton launches "
+                     f"{c['triton_launches_in_code']}; compile {c['compile_s']} s; forward+backward "
+                     f"{c['traced_ms']:.2f} ms traced, {c['opaque_ms']:.2f} ms opaque, {c['eager_ms']:.2f} ms eager")
     if "capture_once" in r:
         c = r["capture_once"]
         lines.append(f"- capture once ({c['steps']} packings, max_docs = {c['max_docs']}, mode={c['mode']!r}): "

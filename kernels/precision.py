@@ -22,6 +22,13 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@torch.compiler.assume_constant_result
+def float32_matmul_precision() -> str:
+    """``torch.get_float32_matmul_precision()``, a constant of a traced graph
+    (Dynamo cannot trace the call itself)."""
+    return torch.get_float32_matmul_precision()
+
+
 def matmul_mode(dtype: torch.dtype) -> str:
     """``"bf16"``, ``"fp16"``, ``"tf32"`` or ``"ieee"``: how the products of a
     call on ``dtype`` inputs run."""
@@ -29,7 +36,7 @@ def matmul_mode(dtype: torch.dtype) -> str:
         return "bf16"
     if dtype == torch.float16:
         return "fp16"
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if dtype == torch.float32 and float32_matmul_precision() != "highest":
         return "tf32"
     return "ieee"
 

@@ -20,6 +20,7 @@ RUN_BLOCKS = {
     ("README.md", "Byte queries"): 1,
     ("docs/bytes.md", "Byte queries"): 1,
     ("docs/compile.md", "torch.compile and CUDA graphs"): 2,
+    ("docs/compile.md", "Lowering: the traced host path"): 1,  # tests/test_inductor_lowering.py
     ("docs/kcp.md", "A KCP call with states"): 1,
     ("docs/kcp.md", "Training with data and context parallelism"): 1,
 }

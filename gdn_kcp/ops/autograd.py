@@ -68,9 +68,9 @@ def trace_host_path(enabled: bool = True) -> Iterator[None]:
     every program and pool is in the graph, for Inductor to plan and fuse.
     Off by default: on the CPU, Inductor generates C++ for every program
     (about 2 minutes to compile a forward and backward at T = 70 on 2 cores,
-    against seconds for the opaque ops). The block must hold the first call
-    of the compiled function (when the forward and backward graphs are
-    traced); later calls replay them.
+    against seconds for the opaque ops). Dynamo guards the switch: calls
+    inside the block run the traced graph (its backward traced with it), a
+    call outside compiles or reuses the opaque one.
 
     Example::
 
