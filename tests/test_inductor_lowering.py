@@ -13,6 +13,9 @@ import torch
 from doc_blocks import run_block
 from torch._inductor.utils import run_and_get_code
 
+import gdn_kcp
+from gdn_kcp import chunk_gated_delta_rule
+
 HEADING = "Lowering: the traced host path"
 NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
 
@@ -61,3 +64,74 @@ def test_without_the_block_compile_keeps_the_opaque_ops(block):
     assert any("torch.ops.gdn_kcp.bwd" in code for code in codes)
     for name, a, b in zip(NAMES, got, eager_step(ns), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-10), name
+
+
+def traced_aot_eager(fn, inputs, parameters=()):
+    """``fn``'s outputs and gradients (of its inputs and ``parameters``): eager,
+    and compiled with ``aot_eager`` (Dynamo and AOT autograd, no Inductor) in
+    ``trace_host_path``; also the gdn_kcp ops the traced graphs still call."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    def run(f):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        out = f(*leaves)
+        loss = (out.double() * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape)).sum()
+        return [out, *torch.autograd.grad(loss, [*leaves, *parameters])]
+
+    eager = run(fn)
+    torch._dynamo.reset()
+    with gdn_kcp.trace_host_path():
+        compiled = run(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)))
+    ops = {str(node.target) for gm in graphs for node in gm.graph.nodes if "gdn_kcp" in str(node.target)}
+    return eager, compiled, ops
+
+
+CU_CAPPED = torch.tensor([0, 30, 70, 70, 70])  # padded with zero-length documents: a capped context
+
+
+def randn(*shape, dtype=torch.float64, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fp64: the tests above
+def test_gate_keywords_trace_at_every_dtype(dtype):
+    """FLA's gate and beta keywords (computed in the programs), negative
+    eigenvalues, a capped cu_seqlens: the traced path computes exactly what
+    eager does (aot_eager runs the same torch ops), and calls no gdn_kcp op."""
+    T, H_qk, HV, K, V = 70, 1, 2, 16, 16
+    A_log, dt_bias = randn(HV, seed=1), randn(HV, seed=2)
+
+    def fn(q, k, v, a, b):
+        return chunk_gated_delta_rule(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
+                                      use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                                      use_qk_l2norm_in_kernel=True, cu_seqlens=CU_CAPPED)[0]
+
+    inputs = [randn(1, T, H_qk, K, dtype=dtype, seed=3), randn(1, T, H_qk, K, dtype=dtype, seed=4),
+              randn(1, T, HV, V, dtype=dtype, seed=5), randn(1, T, HV, dtype=dtype, seed=6),
+              randn(1, T, HV, dtype=dtype, seed=7)]
+    eager, compiled, ops = traced_aot_eager(fn, inputs)
+    assert not ops
+    for i, (a, b) in enumerate(zip(compiled, eager, strict=True)):
+        assert torch.equal(a, b), (dtype, i, float((a.double() - b.double()).abs().max()))
+
+
+def test_layer_traces():
+    """FLA's layer (projections, short convolution, gates, norm) on packed rows:
+    outputs and every parameter's gradient equal eager; the graphs call the
+    short convolution's op and no gdn_kcp::fwd / bwd."""
+    from gdn_kcp.layers import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(hidden_size=32, head_dim=16, num_heads=1, num_v_heads=2, expand_v=1,
+                          conv_bias=True).double()
+    eager, compiled, ops = traced_aot_eager(lambda x: layer(x, cu_seqlens=CU_CAPPED)[0],
+                                            [randn(1, 70, 32, seed=8)], list(layer.parameters()))
+    assert ops and all("short_conv" in op for op in ops), ops  # the convolution stays its own op, GDN is traced
+    for i, (a, b) in enumerate(zip(compiled, eager, strict=True)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (i, float((a - b).abs().max()))
