@@ -1,11 +1,13 @@
-"""Decode: :func:`fused_recurrent_gated_delta_rule` (FLA-compatible) and the two
-ops a decode step of the layer runs.
+"""Decode: :func:`fused_recurrent_gated_delta_rule` (FLA-compatible) and the ops
+a decode step of the layer runs.
 
 ``gdn_kcp::recurrent`` walks each document token by token from its initial
 state (the torch program on the CPU, one Triton launch on CUDA:
 ``kernels/*/recurrent.py``), with the chunked path's in-kernel q / k norm,
 gate and beta. ``gdn_kcp::conv_step`` advances the short convolution's cache
-by one token per row (``kernels/*/short_conv.py``). Both are forward only, as
+by one token per row (``kernels/*/short_conv.py``); ``gdn_kcp::decode_step``
+runs both in one program (``kernels/*/recurrent.py``: the layer's decode step
+with its convolution). All are forward only, as
 FLA's recurrent kernel is: training runs the chunked path, whose backward
 covers the same math (:func:`gdn_kcp.chunk_gated_delta_rule`). Their fakes
 shape the outputs, so a decode step traces under ``torch.compile(fullgraph=True)``
@@ -88,6 +90,41 @@ def _(x, state, weight, bias):
 
 
 conv_step_op.register_autograd(_forward_only("conv_step"))
+
+
+@torch.library.custom_op("gdn_kcp::decode_step", mutates_args=(), device_types=DEVICES)
+def decode_step_op(qkv: Tensor, conv_state: Tensor, weight: Tensor, bias: Optional[Tensor], g: Tensor, beta: Tensor,
+                   gate_params: Optional[Tensor], initial_state: Optional[Tensor], H_qk: int, K: int, V: int,
+                   scale: float, use_qk_l2norm: bool, beta_sigmoid: bool, beta_scale: float
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """A layer's decode step in one program: the short convolution of the raw
+    projections qkv ``[N, D]`` (one token per row; ``D = 2 H_qk K + HV V``)
+    with its cache ``conv_state`` ``[N, D, W]`` (qkv's dtype), weight
+    ``[D, W]``, bias ``[D]`` or None, then the recurrence as :func:`recurrent_op`
+    on g, beta ``[N, HV]``. Returns o ``[N, HV, V]`` (qkv's dtype), the final
+    states ``[N, HV, K, V]`` (compute dtype) and the advanced cache ``[N, D, W]``."""
+    N, HV = qkv.shape[0], g.shape[1]
+    state = qkv.new_empty(N, HV, K, V, dtype=compute_dtype(qkv.dtype))
+    if initial_state is not None:
+        initial_state = initial_state.to(state.dtype).contiguous()
+    o = qkv.new_empty(N, HV, V)
+    conv_out = torch.empty_like(conv_state, memory_format=torch.contiguous_format)
+    programs_for(qkv.device).decode_step(
+        qkv.contiguous(), conv_state.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
+        g.contiguous(), beta.contiguous(), gate_params, initial_state, scale, H_qk=H_qk, o_out=o, state_out=state,
+        conv_state_out=conv_out, use_qk_l2norm=use_qk_l2norm, beta_mode=(beta_sigmoid, beta_scale))
+    return o, state, conv_out
+
+
+@decode_step_op.register_fake
+def _(qkv, conv_state, weight, bias, g, beta, gate_params, initial_state, H_qk, K, V, scale, use_qk_l2norm,
+      beta_sigmoid, beta_scale):
+    N, HV = qkv.shape[0], g.shape[1]
+    return (qkv.new_empty(N, HV, V), qkv.new_empty(N, HV, K, V, dtype=compute_dtype(qkv.dtype)),
+            torch.empty_like(conv_state, memory_format=torch.contiguous_format))
+
+
+decode_step_op.register_autograd(_forward_only("decode_step"))
 
 
 def fused_recurrent_gated_delta_rule(

@@ -12,7 +12,7 @@ from gdn_inputs import make_inputs, rel_rms
 
 from gdn_kcp import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, naive_recurrence
 from gdn_kcp.layers import short_conv
-from gdn_kcp.recurrent import conv_step_op, recurrent_op
+from gdn_kcp.recurrent import conv_step_op, decode_step_op, recurrent_op
 
 BOUNDS = [0, 1, 1, 9, 40, 41]  # one token, zero-length, short, longer, one token
 N = len(BOUNDS) - 1
@@ -193,3 +193,85 @@ def test_triton_conv_step_matches_the_torch_program(dtype, W, bias):
     assert torch.equal(s_tri, s_ref)  # the cache moves inputs, it computes nothing
     # the same taps summed in the same order in fp32 (fp64); bf16 y rounded once by each
     assert rel_rms(y_tri, y_ref) < {torch.bfloat16: 2e-3, torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
+
+
+DECODE_CASES = {
+    # H_qk, HV, K, V, dtype, W, bias: GVA groups of 2 (one program of each writes the q / k window),
+    # value tiles cut (V = 12: two tiles of 8), K off a power of two (masked channels)
+    "fp32-gva-bias": dict(H_qk=2, HV=4, K=12, V=12, dtype=torch.float32, W=4, bias=True, initial=True),
+    "bf16-w3": dict(H_qk=1, HV=2, K=16, V=8, dtype=torch.bfloat16, W=3, bias=False, initial=False),
+    "fp64-gva": dict(H_qk=1, HV=3, K=8, V=20, dtype=torch.float64, W=4, bias=True, initial=True),
+}
+
+
+def decode_inputs(case, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    H_qk, HV, K, V, dtype, W = (case[n] for n in ("H_qk", "HV", "K", "V", "dtype", "W"))
+    cdt = torch.float64 if dtype == torch.float64 else torch.float32
+    N_rows, D = 3, 2 * H_qk * K + HV * V
+    qkv, conv = torch.randn(N_rows, D, generator=gen).to(dtype), torch.randn(N_rows, D, W, generator=gen).to(dtype)
+    weight, bias = torch.randn(D, W, generator=gen).to(dtype), torch.randn(D, generator=gen).to(dtype)
+    a, b = torch.randn(N_rows, HV, generator=gen).to(dtype), torch.randn(N_rows, HV, generator=gen).to(dtype)
+    gate = torch.stack([-torch.rand(HV, generator=gen), torch.randn(HV, generator=gen)]).to(cdt)
+    h0 = torch.randn(N_rows, HV, K, V, generator=gen, dtype=cdt) if case["initial"] else None
+    return qkv, conv, weight, bias if case["bias"] else None, a, b, gate, h0, cdt
+
+
+def run_decode_step(programs, case, args):
+    qkv, conv, weight, bias, a, b, gate, h0, cdt = args
+    N_rows, HV, K, V = qkv.shape[0], case["HV"], case["K"], case["V"]
+    o = torch.full((N_rows, HV, V), float("nan"), dtype=qkv.dtype)
+    state = torch.full((N_rows, HV, K, V), float("nan"), dtype=cdt)
+    conv_out = torch.full_like(conv, float("nan"))
+    programs.decode_step(qkv, conv, weight, bias, a, b, gate, h0, 0.3, H_qk=case["H_qk"], o_out=o,
+                         state_out=state, conv_state_out=conv_out, use_qk_l2norm=True, beta_mode=(True, 2.0))
+    return o, state, conv_out
+
+
+@pytest.mark.parametrize("name", sorted(DECODE_CASES))
+def test_decode_step_is_the_convolution_then_the_recurrence(name):
+    """The fused step (torch program) equals conv_step then recurrent, the
+    convolution's output kept in the compute dtype between them."""
+    from gdn_kcp.kernels import torch as torch_programs
+
+    case = DECODE_CASES[name]
+    args = decode_inputs(case)
+    qkv, conv, weight, bias, a, b, gate, h0, cdt = args
+    o, state, conv_out = run_decode_step(torch_programs, case, args)
+    y, conv_ref = torch.empty(qkv.shape, dtype=cdt), torch.empty_like(conv)
+    torch_programs.conv_step(qkv, conv, weight, bias, y_out=y, state_out=conv_ref)
+    H_qk, HV, K, V = (case[n] for n in ("H_qk", "HV", "K", "V"))
+    q, k, v = y.split([H_qk * K, H_qk * K, HV * V], dim=1)
+    o_ref, s_ref = torch.empty_like(o), torch.empty_like(state)
+    torch_programs.recurrent(q.reshape(-1, H_qk, K), k.reshape(-1, H_qk, K), v.reshape(-1, HV, V), a, b, gate,
+                             torch.arange(qkv.shape[0] + 1), h0, 0.3, o_out=o_ref, state_out=s_ref,
+                             use_qk_l2norm=True, beta_mode=(True, 2.0))
+    assert torch.equal(o, o_ref) and torch.equal(state, s_ref) and torch.equal(conv_out, conv_ref)
+
+
+@pytest.mark.parametrize("name", sorted(DECODE_CASES))
+def test_triton_decode_step_matches_the_torch_program(name):
+    """One launch computes the convolution in every program of a key head's
+    group; the group's first writes the q / k window, each its v columns:
+    the advanced cache equals the torch program's exactly, o and the states
+    within the recurrent twin's tolerances."""
+    pytest.importorskip("triton")
+    from gdn_kcp.kernels import torch as torch_programs
+    from gdn_kcp.kernels import triton as triton_programs
+
+    case = DECODE_CASES[name]
+    args = decode_inputs(case, seed=1)
+    (o_ref, s_ref, c_ref), (o_tri, s_tri, c_tri) = (run_decode_step(p, case, args)
+                                                    for p in (torch_programs, triton_programs))
+    assert torch.equal(c_tri, c_ref)  # the cache moves inputs, every channel written once
+    o_tol, s_tol = TWIN_TOLERANCE[case["dtype"]]
+    assert rel_rms(o_tri, o_ref) < o_tol and rel_rms(s_tri, s_ref) < s_tol, (rel_rms(o_tri, o_ref),
+                                                                           rel_rms(s_tri, s_ref))
+
+
+def test_decode_step_opcheck():
+    args = decode_inputs(DECODE_CASES["fp32-gva-bias"])
+    qkv, conv, weight, bias, a, b, gate, h0, _ = args
+    for h in (h0, None):
+        torch.library.opcheck(decode_step_op, (qkv, conv, weight, bias, a, b, gate, h, 2, 12, 12, 0.3, True, True,
+                                               2.0), test_utils=("test_schema", "test_faketensor"))

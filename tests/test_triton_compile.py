@@ -30,8 +30,8 @@ rounded to bf16 or tf32 operands."""
 WITH_PRODUCTS = {"wy_inverse_kernel", "prep_kernel", "tape_walk_kernel", "summary_walk_kernel", "summary_walk_kernel[M]", "output_kernel",
                  "bwd_local_dv_kernel", "adjoint_walk_kernel", "adjoint_summary_kernel", "bwd_dqkwg_kernel",
                  "bwd_wy_kernel", "segment_summary_kernel", "adjoint_segment_summary_kernel"} | EXACT_PRODUCTS
-N_KERNELS = 24
-DECODE_KERNELS = "recurrent_kernel,conv_step_kernel"
+N_KERNELS = 25
+DECODE_KERNELS = "recurrent_kernel,recurrent_kernel[conv],conv_step_kernel"
 
 
 def compile_kernels(arch: int, tmp_path, report: bool = False, *args: str) -> list[dict]:

@@ -27,7 +27,9 @@ from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.options import OptionsKcp
-from gdn_kcp.recurrent import conv_step_op, fused_recurrent_gated_delta_rule
+from gdn_kcp.dtypes import compute_dtype
+from gdn_kcp.gates import gate_keywords
+from gdn_kcp.recurrent import decode_step_op, fused_recurrent_gated_delta_rule
 from gdn_kcp.validate import check_cu_seqlens
 from gdn_kcp.workspace import WorkspaceKcp
 
@@ -285,14 +287,18 @@ class GatedDeltaNet(nn.Module):
         recurrent state, convolution state)`` through the step programs."""
         N = x.shape[0]
         qkv = self._qkv_proj(x[:, 0])
-        if self.use_short_conv:
+        if self.use_short_conv:  # one program: the convolution and the recurrence
             weights, biases = self._conv_params()
             if conv_state is None:
                 conv_state = qkv.new_zeros(N, qkv.shape[1], self.conv_size)
-            qkv, conv_state = conv_step_op(qkv, conv_state.to(qkv.dtype), torch.cat(weights)[:, 0],
-                                           None if biases is None else torch.cat(biases))
-        else:
-            qkv = F.silu(qkv)
+            a, b = self.a_proj(x[:, 0]), self.b_proj(x[:, 0])
+            gate = gate_keywords(a, b, **self._gates())
+            o, recurrent_state, conv_state = decode_step_op(
+                qkv, conv_state.to(qkv.dtype), torch.cat(weights)[:, 0], None if biases is None else torch.cat(biases),
+                a, b, gate.params(compute_dtype(qkv.dtype)), recurrent_state, self.num_heads, self.head_k_dim,
+                self.head_v_dim, self.head_k_dim**-0.5, True, gate.beta_sigmoid, gate.beta_scale)
+            return o[:, None], recurrent_state, conv_state
+        qkv = F.silu(qkv)
         o, recurrent_state = fused_recurrent_gated_delta_rule(
             *self._heads(qkv[:, None]), self.a_proj(x), beta=self.b_proj(x), initial_state=recurrent_state,
             output_final_state=True, use_qk_l2norm_in_kernel=True, **self._gates())

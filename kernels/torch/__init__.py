@@ -22,7 +22,7 @@ from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .output import output
 from .prep import prep
-from .recurrent import recurrent
+from .recurrent import decode_step, recurrent
 from .segment_summary import segment_summary
 from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
@@ -40,6 +40,7 @@ __all__ = [
     "compose_adjoints",
     "compose_segments",
     "conv_step",
+    "decode_step",
     "output",
     "prep",
     "recurrent",

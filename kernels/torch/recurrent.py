@@ -19,6 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from ._chunks import L2NORM_EPS, put_rows
+from .short_conv import conv_step
 
 
 def _rows(x: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -61,3 +62,22 @@ def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *
         o_t = scale * torch.einsum("nhk,nhkv->nhv", q_t, stepped)
         put_rows(o_out, rows, live, o_t)
     state_out.copy_(state)
+
+
+def decode_step(qkv, conv_state, weight, bias, g, beta, gate_params, initial_state, scale, *, H_qk, o_out,
+                state_out, conv_state_out, use_qk_l2norm, beta_mode) -> None:
+    """One decode token per row, the short convolution and the recurrence in
+    one program: qkv ``[N, D]`` (the raw q, k, v projections side by side,
+    ``D = 2 H_qk K + HV V``); conv_state ``[N, D, W]`` (qkv's dtype), weight
+    ``[D, W]``, bias ``[D]`` or None; g, beta ``[N, HV]``; the rest as
+    :func:`recurrent`. Writes o_out ``[N, HV, V]``, state_out and
+    conv_state_out (the advanced cache; not conv_state). The convolution's
+    output stays in the compute dtype into the recurrence (no rounding to
+    qkv's dtype between them, as in the Triton program)."""
+    N, HV, K, V = state_out.shape
+    y = torch.empty(qkv.shape, dtype=state_out.dtype, device=qkv.device)
+    conv_step(qkv, conv_state, weight, bias, y_out=y, state_out=conv_state_out)
+    q, k, v = y.split([H_qk * K, H_qk * K, HV * V], dim=1)
+    recurrent(q.reshape(N, H_qk, K), k.reshape(N, H_qk, K), v.reshape(N, HV, V), g, beta, gate_params,
+              torch.arange(N + 1, device=qkv.device), initial_state, scale, o_out=o_out, state_out=state_out,
+              use_qk_l2norm=use_qk_l2norm, beta_mode=beta_mode)

@@ -3,8 +3,8 @@
 One file per program (kernels + one thin launcher), the same signatures as
 ``kernels.torch``. Packed varlen through the chunk index (no host sync), K up to
 256 and V up to 512 in key slices and value tiles, bf16/fp16/fp32 inputs with
-fp32 accumulation, fp32 (or fp64) states and M. Decode: :func:`recurrent` and
-:func:`conv_step`.
+fp32 accumulation, fp32 (or fp64) states and M. Decode: :func:`recurrent`,
+:func:`conv_step` and :func:`decode_step` (the two fused).
 
 Segments (P > 1, :mod:`gdn_kcp.kernels.segments`): :func:`segment_summary`,
 :func:`compose_segments` (forward phases 1 and 2), :func:`adjoint_segment_summary`,
@@ -26,7 +26,7 @@ from .compose_adjoints import compose_adjoints
 from .compose_segments import compose_segments
 from .output import output
 from .prep import prep
-from .recurrent import recurrent
+from .recurrent import decode_step, recurrent
 from .segment_summary import segment_summary
 from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
@@ -44,6 +44,7 @@ __all__ = [
     "compose_adjoints",
     "compose_segments",
     "conv_step",
+    "decode_step",
     "output",
     "prep",
     "recurrent",

@@ -76,7 +76,7 @@ INPUT_POINTERS = {
     "short_conv_fwd_kernel": {"x", "w", "b", "halo", "y"},
     "short_conv_bwd_dx_kernel": {"x", "w", "b", "halo", "dy", "dx", "dhalo"},
     "short_conv_bwd_dw_kernel": {"x", "w", "b", "halo", "dy"},
-    "recurrent_kernel": {"q", "k", "v", "g", "beta", "o"},
+    "recurrent_kernel": {"q", "k", "v", "g", "beta", "o", "conv_in", "conv_w", "conv_b", "conv_out"},
     "conv_step_kernel": {"x", "state", "w", "b", "y", "state_out"},
 }
 INTS = {"n_chunks", "n_frag", "max_rows", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
@@ -91,6 +91,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     # segments, phase 2: fp32 summaries and states, exact products (no MM)
     compose = dict(BK=BK, BV=min(BV_COMPOSE, value_block(V)), BKB=min(BKB_COMPOSE, BK), ACC=tl.float32)
     conv = dict(W=4, HAS_BIAS=True, HAS_HALO=True, BT=BT_CONV, BD=BD_CONV, ACC=tl.float32)
+    recurrent = dict(BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=True, BETA_SIGMOID=True, BETA_SCALE=1.0,
+                     QK_NORM=True, HAS_INITIAL=True, EPS=1e-6, ACC=tl.float32)
     return [
         ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
         ("wy_inverse_kernel", wy_inverse_kernel,
@@ -126,10 +128,10 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),
         ("short_conv_bwd_dx_kernel", short_conv_bwd_dx_kernel, conv),
         ("short_conv_bwd_dw_kernel", short_conv_bwd_dw_kernel, dict(conv, BLOCKS=DW_BLOCKS)),
-        # decode: the recurrent step (state fp32, in place) and the convolution cache's step
-        ("recurrent_kernel", recurrent_kernel,
-         dict(BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=True, BETA_SIGMOID=True, BETA_SCALE=1.0,
-              QK_NORM=True, HAS_INITIAL=True, EPS=1e-6, ACC=tl.float32)),
+        # decode: the recurrent step (state fp32), the same with the layer's convolution in it (a decode
+        # step of the layer), and the convolution cache's step
+        ("recurrent_kernel", recurrent_kernel, dict(recurrent, CONV=False, W=1, CONV_BIAS=False)),
+        ("recurrent_kernel[conv]", recurrent_kernel, dict(recurrent, CONV=True, W=4, CONV_BIAS=True)),
         ("conv_step_kernel", conv_step_kernel, dict(W=4, HAS_BIAS=True, BD=BD_STEP, ACC=tl.float32)),
     ]
 

@@ -34,13 +34,41 @@ def _normed(x, ON: tl.constexpr, EPS: tl.constexpr):
 
 
 @triton.jit
+def _conv_silu(x, conv_in, conv_w, conv_b, conv_out, row, D, ch, m_c, m_write, W: tl.constexpr, BC: tl.constexpr,
+               HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
+    """``silu(conv)`` of channels ``ch`` of ``[N, D]`` at row's token, from
+    the cache ``conv_in`` ``[N, D, W]`` (the last W inputs, newest last) and x,
+    taps summed newest first as ``conv_step_kernel`` sums them; the advanced
+    window goes to ``conv_out`` where ``m_write``."""
+    at = row * D + ch
+    acc = tl.zeros([BC], dtype=ACC)
+    if HAS_BIAS:
+        acc += tl.load(conv_b + ch, mask=m_c, other=0.0).to(ACC)
+    for i in tl.static_range(W):
+        if i == 0:
+            tap = tl.load(x + at, mask=m_c, other=0.0)
+        else:
+            tap = tl.load(conv_in + at * W + (W - i), mask=m_c, other=0.0)
+        tl.store(conv_out + at * W + (W - 1 - i), cast_to(tap, conv_out), mask=m_write)
+        acc += tap.to(ACC) * tl.load(conv_w + ch * W + (W - 1 - i), mask=m_c, other=0.0).to(ACC)
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
 def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state0, state, o, scale, H_qk, HV, K, V,
+                     conv_in, conv_w, conv_b, conv_out, D,
                      BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
                      BETA_SCALE: tl.constexpr, QK_NORM: tl.constexpr, HAS_INITIAL: tl.constexpr, EPS: tl.constexpr,
-                     ACC: tl.constexpr):
+                     ACC: tl.constexpr, CONV: tl.constexpr, W: tl.constexpr, CONV_BIAS: tl.constexpr):
     """Grid (N * HV, cdiv(V, BV)): the state columns ``[i_v BV, (i_v + 1) BV)`` of
     one document and value head through its tokens, from ``state0`` (zeros
-    without ``HAS_INITIAL``) into ``state``."""
+    without ``HAS_INITIAL``) into ``state``. With ``CONV`` (a decode step: one
+    token per document, row n of q = the raw projections ``[N, D]``, q, k, v
+    channels side by side) q, k and v are the short convolution of the row
+    and its cache ``conv_in``, computed here: every program of a key head's
+    group recomputes that head's q and k channels (K FMAs a tap), the first
+    writes their advanced window to ``conv_out``, each its own v columns', so
+    no program reads what another writes (``conv_out`` is not ``conv_in``)."""
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H_qk)
@@ -59,9 +87,20 @@ def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state0, state, o
         rate = tl.load(gate_params + i_hv).to(ACC)
         bias = tl.load(gate_params + HV + i_hv).to(ACC)
     for t in range(bos, eos):
-        b_q = _normed(tl.load(q + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
-        b_k = _normed(tl.load(k + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
-        b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(ACC)
+        if CONV:
+            # the group's first program (value head and tile 0) writes the q and k window
+            m_lead = m_k & ((o_k * 0 + i_hv % (HV // H_qk) + i_v) == 0)
+            b_q = _conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, i_h * K + o_k, m_k, m_lead, W, BK,
+                             CONV_BIAS, ACC)
+            b_k = _conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, (H_qk + i_h) * K + o_k, m_k, m_lead, W, BK,
+                             CONV_BIAS, ACC)
+            b_v = _conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, 2 * H_qk * K + i_hv * V + o_v, m_v, m_v,
+                             W, BV, CONV_BIAS, ACC)
+            b_q, b_k = _normed(b_q, QK_NORM, EPS), _normed(b_k, QK_NORM, EPS)
+        else:
+            b_q = _normed(tl.load(q + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
+            b_k = _normed(tl.load(k + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
+            b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(ACC)
         b_g = tl.load(g + t * HV + i_hv).to(ACC)
         if GATE:
             b_g = rate * softplus(b_g + bias)
@@ -86,7 +125,27 @@ def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *
     # documents on axis 0 (up to 2^31 - 1 programs; axis 1 stops at 65,535)
     recurrent_kernel[(N * HV, triton.cdiv(V, BV_RECURRENT))](
         q, k, v, g, beta, pointer(gate_params, state_out), doc_bounds, pointer(initial_state, state_out), state_out,
-        o_out, scale, q.shape[1], HV, K, V, BK=triton.next_power_of_2(K), BV=BV_RECURRENT,
-        GATE=gate_params is not None, BETA_SIGMOID=sigmoid, BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm,
-        HAS_INITIAL=initial_state is not None, EPS=L2NORM_EPS, ACC=acc_dtype(state_out), num_warps=NUM_WARPS,
+        o_out, scale, q.shape[1], HV, K, V, state_out, state_out, state_out, state_out, 0,
+        BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None, BETA_SIGMOID=sigmoid,
+        BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm, HAS_INITIAL=initial_state is not None, EPS=L2NORM_EPS,
+        ACC=acc_dtype(state_out), CONV=False, W=1, CONV_BIAS=False, num_warps=NUM_WARPS,
+    )
+
+
+def decode_step(qkv, conv_state, weight, bias, g, beta, gate_params, initial_state, scale, *, H_qk, o_out,
+                state_out, conv_state_out, use_qk_l2norm, beta_mode) -> None:
+    """See ``kernels.torch.recurrent.decode_step``: one launch of
+    :func:`recurrent_kernel` with the convolution in it."""
+    N, HV, K, V = state_out.shape
+    if N == 0:
+        return
+    sigmoid, beta_scale = beta_mode
+    doc_bounds = torch.arange(N + 1, dtype=torch.int64, device=qkv.device)  # one token per row
+    recurrent_kernel[(N * HV, triton.cdiv(V, BV_RECURRENT))](
+        qkv, qkv, qkv, g, beta, pointer(gate_params, state_out), doc_bounds, pointer(initial_state, state_out),
+        state_out, o_out, scale, H_qk, HV, K, V, conv_state, weight, pointer(bias, weight), conv_state_out,
+        qkv.shape[1], BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None,
+        BETA_SIGMOID=sigmoid, BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm, HAS_INITIAL=initial_state is not None,
+        EPS=L2NORM_EPS, ACC=acc_dtype(state_out), CONV=True, W=weight.shape[1], CONV_BIAS=bias is not None,
+        num_warps=NUM_WARPS,
     )
