@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..torch._chunks import L2NORM_EPS
 from ._common import acc_dtype, cast_to, pointer, softplus
+from .short_conv import conv_silu
 
 # [BK, 8] state columns at 2 warps: no spill at K = 128 (113 registers) or 256 (184), where
 # [128, 16] at 1 warp spilled 112 B per thread and [256, 16] at 2 warps 128 B (sm_90, triton 3.9).
@@ -31,27 +32,6 @@ def _normed(x, ON: tl.constexpr, EPS: tl.constexpr):
     if ON:
         x = x / tl.sqrt(tl.sum(x * x) + EPS)
     return x
-
-
-@triton.jit
-def _conv_silu(x, conv_in, conv_w, conv_b, conv_out, row, D, ch, m_c, m_write, W: tl.constexpr, BC: tl.constexpr,
-               HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
-    """``silu(conv)`` of channels ``ch`` of ``[N, D]`` at row's token, from
-    the cache ``conv_in`` ``[N, D, W]`` (the last W inputs, newest last) and x,
-    taps summed newest first as ``conv_step_kernel`` sums them; the advanced
-    window goes to ``conv_out`` where ``m_write``."""
-    at = row * D + ch
-    acc = tl.zeros([BC], dtype=ACC)
-    if HAS_BIAS:
-        acc += tl.load(conv_b + ch, mask=m_c, other=0.0).to(ACC)
-    for i in tl.static_range(W):
-        if i == 0:
-            tap = tl.load(x + at, mask=m_c, other=0.0)
-        else:
-            tap = tl.load(conv_in + at * W + (W - i), mask=m_c, other=0.0)
-        tl.store(conv_out + at * W + (W - 1 - i), cast_to(tap, conv_out), mask=m_write)
-        acc += tap.to(ACC) * tl.load(conv_w + ch * W + (W - 1 - i), mask=m_c, other=0.0).to(ACC)
-    return acc * tl.sigmoid(acc)
 
 
 @triton.jit
@@ -90,11 +70,11 @@ def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state0, state, o
         if CONV:
             # the group's first program (value head and tile 0) writes the q and k window
             m_lead = m_k & ((o_k * 0 + i_hv % (HV // H_qk) + i_v) == 0)
-            b_q = _conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, i_h * K + o_k, m_k, m_lead, W, BK,
+            b_q = conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, i_h * K + o_k, m_k, m_lead, W, BK,
                              CONV_BIAS, ACC)
-            b_k = _conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, (H_qk + i_h) * K + o_k, m_k, m_lead, W, BK,
+            b_k = conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, (H_qk + i_h) * K + o_k, m_k, m_lead, W, BK,
                              CONV_BIAS, ACC)
-            b_v = _conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, 2 * H_qk * K + i_hv * V + o_v, m_v, m_v,
+            b_v = conv_silu(q, conv_in, conv_w, conv_b, conv_out, t, D, 2 * H_qk * K + i_hv * V + o_v, m_v, m_v,
                              W, BV, CONV_BIAS, ACC)
             b_q, b_k = _normed(b_q, QK_NORM, EPS), _normed(b_k, QK_NORM, EPS)
         else:

@@ -159,6 +159,27 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
 
 
 @triton.jit
+def conv_silu(x, conv_in, conv_w, conv_b, conv_out, row, D, ch, m_c, m_write, W: tl.constexpr, BC: tl.constexpr,
+               HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
+    """``silu(conv)`` of channels ``ch`` of ``[N, D]`` at row's token, from
+    the cache ``conv_in`` ``[N, D, W]`` (the last W inputs, newest last) and x,
+    taps summed newest first as :func:`short_conv_fwd_kernel` sums them; the advanced
+    window goes to ``conv_out`` where ``m_write``."""
+    at = row * D + ch
+    acc = tl.zeros([BC], dtype=ACC)
+    if HAS_BIAS:
+        acc += tl.load(conv_b + ch, mask=m_c, other=0.0).to(ACC)
+    for i in tl.static_range(W):
+        if i == 0:
+            tap = tl.load(x + at, mask=m_c, other=0.0)
+        else:
+            tap = tl.load(conv_in + at * W + (W - i), mask=m_c, other=0.0)
+        tl.store(conv_out + at * W + (W - 1 - i), cast_to(tap, conv_out), mask=m_write)
+        acc += tap.to(ACC) * tl.load(conv_w + ch * W + (W - 1 - i), mask=m_c, other=0.0).to(ACC)
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
 def conv_step_kernel(x, state, w, b, y, state_out, D, W: tl.constexpr, HAS_BIAS: tl.constexpr, BD: tl.constexpr,
                      ACC: tl.constexpr):
     """One decode token per row; grid (N, cdiv(D, BD)). Column j of the new
@@ -167,18 +188,8 @@ def conv_step_kernel(x, state, w, b, y, state_out, D, W: tl.constexpr, HAS_BIAS:
     i_n, i_d = tl.program_id(0), tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    row = i_n.to(tl.int64) * D + o_d
-    acc = tl.zeros([BD], dtype=ACC)
-    if HAS_BIAS:
-        acc += tl.load(b + o_d, mask=m_d, other=0.0).to(ACC)
-    for i in tl.static_range(W):
-        if i == 0:
-            tap = tl.load(x + row, mask=m_d, other=0.0)
-        else:
-            tap = tl.load(state + row * W + (W - i), mask=m_d, other=0.0)
-        tl.store(state_out + row * W + (W - 1 - i), cast_to(tap, state_out), mask=m_d)
-        acc += tap.to(ACC) * tl.load(w + o_d * W + (W - 1 - i), mask=m_d, other=0.0).to(ACC)
-    tl.store(y + row, cast_to(acc * tl.sigmoid(acc), y), mask=m_d)
+    b_y = conv_silu(x, state, w, b, state_out, i_n.to(tl.int64), D, o_d, m_d, m_d, W, BD, HAS_BIAS, ACC)
+    tl.store(y + i_n.to(tl.int64) * D + o_d, cast_to(b_y, y), mask=m_d)
 
 
 def conv_step(x, state, weight, bias, *, y_out: torch.Tensor, state_out: torch.Tensor) -> None:
