@@ -264,3 +264,21 @@ def test_decode_steps_compile_with_fullgraph():
         layer(x[:, :10], use_cache=True, past_key_values=cache)
         steps = torch.cat([step(x[:, t:t + 1], cache) for t in (10, 11)], dim=1)
     assert (steps - full[:, 10:]).abs().max() < 1e-5 and cache.get_seq_length() == 12
+
+
+def test_step_reads_the_convolution_weights_as_they_are_now():
+    """The decode step keeps one concatenation of the q, k, v convolution
+    weights; an in-place update (an optimizer step) or a dtype move is seen by
+    the next step, never a stale copy."""
+    layer = make_layer(num_v_heads=4, conv_bias=True)
+    x = torch.randn(2, 70, 32, dtype=torch.float64)
+    with torch.no_grad():
+        decode(layer, x, 66)  # fills the kept copy
+        for conv in (layer.q_conv1d, layer.k_conv1d, layer.v_conv1d):
+            conv.weight.mul_(-0.5)
+            conv.bias.add_(0.25)
+        full, _, _ = layer(x)
+        assert (decode(layer, x, 66) - full).abs().max() < 1e-10
+        layer.float()
+        full32, _, _ = layer(x.float())
+        assert (decode(layer, x.float(), 66) - full32).abs().max() < 1e-4

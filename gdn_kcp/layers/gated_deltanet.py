@@ -139,6 +139,7 @@ class GatedDeltaNet(nn.Module):
             self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
         self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self._step_conv: tuple | None = None  # (key, weight [D, W], bias [D]): see _step_conv_params
 
     def forward(
         self,
@@ -288,13 +289,13 @@ class GatedDeltaNet(nn.Module):
         N = x.shape[0]
         qkv = self._qkv_proj(x[:, 0])
         if self.use_short_conv:  # one program: the convolution and the recurrence
-            weights, biases = self._conv_params()
+            weight, bias = self._step_conv_params()
             if conv_state is None:
                 conv_state = qkv.new_zeros(N, qkv.shape[1], self.conv_size)
             a, b = self.a_proj(x[:, 0]), self.b_proj(x[:, 0])
             gate = gate_keywords(a, b, **self._gates())
             o, recurrent_state, conv_state = decode_step_op(
-                qkv, conv_state.to(qkv.dtype), torch.cat(weights)[:, 0], None if biases is None else torch.cat(biases),
+                qkv, conv_state.to(qkv.dtype), weight, bias,
                 a, b, gate.params(compute_dtype(qkv.dtype)), recurrent_state, self.num_heads, self.head_k_dim,
                 self.head_v_dim, self.head_k_dim**-0.5, True, gate.beta_sigmoid, gate.beta_scale)
             return o[:, None], recurrent_state, conv_state
@@ -341,6 +342,23 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"kcp_options.with_conv=True with conv_size={options.conv_size} does not describe this "
                              f"layer (use_short_conv={self.use_short_conv}, conv_size={self.conv_size})")
         return options
+
+    def _step_conv_params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The q, k, v convolutions' weights ``[D, W]`` and biases ``[D]`` side
+        by side, as the decode step reads them. Eager, concatenated once and
+        kept until a parameter moves or changes (its storage or version), so a
+        step launches no concatenation; traced, concatenated in the graph. The
+        step is forward only, so the kept copy holds no autograd graph."""
+        weights, biases = self._conv_params()
+        if torch.compiler.is_compiling():
+            return torch.cat(weights)[:, 0], None if biases is None else torch.cat(biases)
+        params = [*weights, *(biases or [])]
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if self._step_conv is None or self._step_conv[0] != key:
+            with torch.no_grad():
+                self._step_conv = (key, torch.cat(weights)[:, 0].contiguous(),
+                                   None if biases is None else torch.cat(biases))
+        return self._step_conv[1], self._step_conv[2]
 
     def _conv_params(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """The weights and biases of the q, k and v convolutions, in that order."""
