@@ -57,42 +57,36 @@ def chunk_beta(beta: torch.Tensor, rows: ChunkRows, dtype: torch.dtype, sigmoid:
     return torch.where(rows.valid[:, None, :], scale * s, zero), scale * s * (1 - s)
 
 
+def row_owners(at: torch.Tensor, keep: torch.Tensor, n: int) -> torch.Tensor:
+    """``[n]``: for each row r of a target, the position i of the source with
+    ``keep[i]`` and ``at[i] == r``, -1 where none (the kept ``at`` are
+    distinct). A scatter of fixed shape (the kept source wins the max over the
+    -1 the others offer), so traced code (``torch.compile``) meets no
+    data-dependent size, as a boolean-mask write would be."""
+    at, keep = at.flatten(), keep.flatten()
+    offer = torch.where(keep, torch.arange(at.shape[0], device=at.device), -1)
+    none = torch.full((n,), -1, dtype=torch.long, device=at.device)
+    return none.scatter_reduce(0, at.long().clamp(0, max(n - 1, 0)), offer, "amax")
+
+
 def put_rows(out: torch.Tensor, at: torch.Tensor, keep: torch.Tensor, src: torch.Tensor) -> None:
     """``out[at[keep]] = src[keep]`` (rows of dim 0; the kept ``at`` are
-    distinct). Traced (``torch.compile``), in fixed shapes: each row of
-    ``out`` takes the kept source that names it (a max-scatter of source
-    positions) or keeps its value, a pass over all of ``out``; eager, the
-    masked write, which touches the kept rows only (the walks call it once
-    per step)."""
+    distinct). Traced, in fixed shapes: each row of ``out`` takes its owner
+    (:func:`row_owners`) or keeps its value, a pass over all of ``out``;
+    eager, the masked write, which touches the kept rows only (the walks call
+    it once per step)."""
     if not torch.compiler.is_compiling():
         out[at[keep]] = src[keep].to(out.dtype)
         return
-    n = out.shape[0]
-    offer = torch.where(keep, torch.arange(at.shape[0], device=at.device), -1)
-    none = torch.full((n,), -1, dtype=torch.long, device=at.device)
-    owner = none.scatter_reduce(0, at.long().clamp(0, max(n - 1, 0)), offer, "amax")
+    owner = row_owners(at, keep, out.shape[0])
     held = (owner >= 0).view(-1, *([1] * (out.dim() - 1)))
     out.copy_(torch.where(held, src[owner.clamp(min=0)].to(out.dtype), out))
-
-
-def token_sources(rows: ChunkRows, n_tokens: int) -> torch.Tensor:
-    """``[n_tokens]``: for each token, the flat position (``chunk * C + row``)
-    of the valid chunk row that holds it, -1 where none does. A scatter of
-    fixed shape (each token's one valid row wins the max over the -1 its
-    padded rows offer), so traced code (``torch.compile``) meets no
-    data-dependent size, as a boolean-mask write would be."""
-    NC, C = rows.token.shape
-    position = torch.arange(NC * C, device=rows.token.device).view(NC, C)
-    offer = torch.where(rows.valid, position, -1).flatten()
-    into = rows.token.clamp(0, max(n_tokens - 1, 0)).flatten()
-    none = torch.full((n_tokens,), -1, dtype=torch.long, device=rows.token.device)
-    return none.scatter_reduce(0, into, offer, "amax")
 
 
 def _token_rows(xc: torch.Tensor, rows: ChunkRows, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk row of every token of ``out`` (``[T, H, D]``) and where one exists."""
     xc = xc[..., None] if xc.dim() == 3 else xc
-    source = token_sources(rows, out.shape[0])
+    source = row_owners(rows.token, rows.valid, out.shape[0])  # flat chunk * C + row
     src = xc.movedim(2, 1).reshape(-1, *xc.shape[1:2], *xc.shape[3:])[source.clamp(min=0)]
     return src.view(out.shape), (source >= 0).view(-1, *([1] * (out.dim() - 1)))
 
