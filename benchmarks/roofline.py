@@ -227,8 +227,8 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
         return [walk(phase, "adjoint_walk_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
 
     def bwd_dqkwg(phase: str) -> list[Launch]:
-        # dO Vn^T; the state terms of dq, dk, dw; the score terms of dq, dk and QK^T
-        work = Work(bf16=2 * C * C * V + 3 * (2 * C * K * V) + 3 * (2 * C * C * K),
+        # dO Vn^T; the state terms of dq, dk, dw; the score terms of dq, dk
+        work = Work(bf16=2 * C * C * V + 3 * (2 * C * K * V) + 2 * (2 * C * C * K),
                     bytes=C * n + C * V * (n + e["v_new"] + e["dv_new"]) + K * V * (e["h"] + e["dh"]) + qk
                     + C * K * (e["dq_heads"] + e["dk_heads"] + e["dw"]) + C * e["dgcum"])
         return [Launch(phase, "bwd_dqkwg_kernel", NC * HV, work)]

@@ -54,15 +54,18 @@ def bwd_wy(
     w_dot_k = (At_dw * kc).sum(-1)
 
     decay = causal_decay(gates, strict=True)
-    kkt = mm(kc, kc.mT, mode)
     dA = mm(dwc, kb.mT, mode) + mm(duc, vb.mT, mode)
     dL = -mm(mm(Ac.mT, dA, mode), Ac.mT, mode).tril(-1)
     dL_decayed = dL * decay
-    through_L = dL_decayed * kkt * bc[..., None]  # dL * L
+    # dL * L (L = diag(beta) K K^T * decay) summed by rows and by columns, from
+    # the products of dk: no K K^T
+    dL_k = mm(dL_decayed, kc, mode)
+    dKk_t_k = mm((bc[..., None] * dL_decayed).mT, kc, mode)
+    dL_kk = (dL_k * kc).sum(-1)  # sum_j dL_ij <k_i, k_j>
 
-    dk = beta_gamma[..., None] * At_dw + mm(bc[..., None] * dL_decayed + (bc[..., None] * dL_decayed).mT, kc, mode)
-    dbeta = gamma * w_dot_k + (At_du * vc).sum(-1) + (dL_decayed * kkt).sum(-1)
-    dG = beta_gamma * w_dot_k + through_L.sum(-1) - through_L.sum(-2)
+    dk = beta_gamma[..., None] * At_dw + bc[..., None] * dL_k + dKk_t_k
+    dbeta = gamma * w_dot_k + (At_du * vc).sum(-1) + dL_kk
+    dG = beta_gamma * w_dot_k + bc * dL_kk - (dKk_t_k * kc).sum(-1)
     add_from_chunks(dk, rows, dk_acc)
     add_from_chunks(dG, rows, dg_acc)
     from_chunks(bc[..., None] * At_du, rows, dv_out)

@@ -20,10 +20,12 @@ BV_DQKWG = 16
 32-wide K blocks, 1,520 with 32 / 32; at 32 / 16, 748 / 1,292 under triton 3.9
 and 688 / 1,176 under 3.6 (the GPU machine's), which the loop reloads; at
 16 / 16, 152 / 216 and 112 / 140, and none under 3.6 once ``Q K^T`` is
-reduced before the loop."""
-NUM_WARPS = 8
-"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
-
+reduced before the loop. At 4 warps with the K loop dynamic: 248 B under 3.6
+and 204 under 3.9 (16 / 32: 580 B; 32 / 16: 1,092 B, under 3.6)."""
+NUM_WARPS = 4
+"""Warps per program: at 8 (251 registers, one program per SM) the calibrated
+model priced the launch 229 us above 4 warps' two programs per SM at T = 32K,
+HV = 32, though 4 warps spill 248 B per thread (charged at HBM rate)."""
 
 @triton.jit
 def bwd_dqkwg_kernel(
@@ -45,18 +47,14 @@ def bwd_dqkwg_kernel(
     gamma_ratio = tl.exp(tail)  # gamma_C / gamma
     dscores = scale * do_vn * causal_decay(b_g, False)  # dP * D
     # K in blocks of BKS columns: whole [BT, 128] fp32 tiles of q, k, dO S0^T,
-    # Vn dS^T and dw spilled 4,084 B per thread on sm_90 (compile_specs --report)
-    # dP * P reduced first: a [BT, BT] Q K^T live through the loop below spilled
-    # 112 / 140 B per thread on sm_90 (8 warps, triton 3.6), none without it
-    qk = tl.zeros([BT, BT], dtype=ACC)
-    for c0 in tl.static_range(0, BK, BKS):
-        qk += dot(load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC),
-                  tl.trans(load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)), MM)
-    through_scores = dscores * qk  # dP * P
-    dG = tl.sum(through_scores, 1) - tl.sum(through_scores, 0)
+    # Vn dS^T and dw spilled 4,084 B per thread on sm_90 (compile_specs --report).
+    # The score terms of dG come from the score terms of dq and dk (rows of
+    # dP * P: q_i . ((dP * D) K)_i; columns: k_j . ((dP * D)^T Q)_j), so no
+    # Q K^T is formed: 2 C^2 K FLOPs a program fewer than the product itself
+    dG = tl.zeros([BT], dtype=ACC)
     through_end = tl.zeros([BT], dtype=ACC)
     dS_S0 = tl.zeros([BV], dtype=ACC)  # <dS, S0>, summed at the end
-    for c0 in tl.static_range(0, BK, BKS):
+    for c0 in range(0, BK, BKS):
         b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         do_S0 = tl.zeros([BT, BKS], dtype=ACC)  # dO S0^T
@@ -74,10 +72,12 @@ def bwd_dqkwg_kernel(
             dS_S0 += tl.sum(dS * S0, 0)
         dq_state = scale * gamma[:, None] * do_S0
         dk_end = gamma_ratio[:, None] * vn_dS
-        store_rows_cols(dq, dq_state + dot(dscores, b_k, MM), tok, m_t, HV, i_h, K, c0, BKS)
-        store_rows_cols(dk, dot(tl.trans(dscores), b_q, MM) + dk_end, tok, m_t, HV, i_h, K, c0, BKS)
+        b_dq = dq_state + dot(dscores, b_k, MM)
+        b_dk_scores = dot(tl.trans(dscores), b_q, MM)
+        store_rows_cols(dq, b_dq, tok, m_t, HV, i_h, K, c0, BKS)
+        store_rows_cols(dk, b_dk_scores + dk_end, tok, m_t, HV, i_h, K, c0, BKS)
         store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, c0, BKS)
-        dG += tl.sum(dq_state * b_q, 1)
+        dG += tl.sum(b_dq * b_q, 1) - tl.sum(b_dk_scores * b_k, 1)
         through_end += tl.sum(dk_end * b_k, 1)
     dG -= through_end
     d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(dS_S0, 0)

@@ -3,6 +3,9 @@ cumsum; one program per (chunk, value head). Same signature as
 ``kernels.torch.bwd_wy``.
 
     dA = dW (beta gamma K)^T + dU (beta V)^T,   dL = -strict_lower(A^T dA A^T)
+
+The loops over K are dynamic (``range``): unrolled, the second loop's tiles
+stayed live across slices and spilled at 4 warps.
 """
 
 from __future__ import annotations
@@ -13,16 +16,20 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk_cols,
-                      load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols, store_scalars, value_block)
+                      load_rows_cols, load_scalars, mm_mode, operand, pointer, store_rows_cols, store_scalars, value_block)
 
 
 BKS_WY = 16
-BV_WY = 32
+BV_WY = 16
 """K and V blocks: at 32 / 64 the kernel spilled 136 B per thread under triton
 3.6 (the GPU machine's) and 240 under 3.9; at 16 / 32, 0 and 56
-(compile_specs --report, 8 warps)."""
-NUM_WARPS = 8
-"""Warps per program of the kernel with matrix products (see compile_specs --report)."""
+(compile_specs --report, 8 warps). At 4 warps (two programs per SM) and
+16 / 16 it spills 64 B under 3.6 and none under 3.9 (16 / 32: 320 B; 32 / 16:
+1,416 B, under 3.6)."""
+NUM_WARPS = 4
+"""Warps per program: at 8 (247 registers, one program per SM) the calibrated
+model priced the launch 184 us above 4 warps' two programs per SM at T = 32K,
+HV = 32 (benchmarks/roofline.py)."""
 
 
 @triton.jit
@@ -39,21 +46,19 @@ def bwd_wy_kernel(
     tok = start + o_t
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, dbeta_dinput = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
-    b_A = load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC)
+    b_A = operand(load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC), MM)  # read only by products
     beta_gamma = b_beta * tl.exp(G)
     # K in blocks of BKS columns, in two passes: with whole [BT, 128] tiles of
     # k, dw and A^T dw it spilled 2,020 B per thread on sm_90, 1,456 with 64-column
     # blocks, 760 with 32 (compile_specs --report; see BKS_WY)
     w_dot_k = tl.zeros([BT], dtype=ACC)
     dA = tl.zeros([BT, BT], dtype=ACC)
-    kkt = tl.zeros([BT, BT], dtype=ACC)
-    for c0 in tl.static_range(0, BK, BKS):
+    for c0 in range(0, BK, BKS):
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC)
         At_dw = dot(tl.trans(b_A), b_dw, MM)
         w_dot_k += tl.sum(At_dw * b_k, 1)
         dA += dot(b_dw, tl.trans(beta_gamma[:, None] * b_k), MM)
-        kkt += dot(b_k, tl.trans(b_k), MM)
     u_dot_v = tl.zeros([BT], dtype=ACC)
     for col in range(0, V, BV):
         b_v = load_rows_cols(v, tok, m_t, HV, i_h, V, col, BV, ACC)
@@ -65,16 +70,25 @@ def bwd_wy_kernel(
     o_i = tl.arange(0, BT)
     dL = tl.where(o_i[:, None] > o_i[None, :], -dot(dot(tl.trans(b_A), dA, MM), tl.trans(b_A), MM), 0.0)
     dL_decayed = dL * causal_decay(b_g, True)
-    through_L = dL_decayed * kkt * b_beta[:, None]  # dL * L
-    dKk = b_beta[:, None] * dL_decayed
-    for c0 in tl.static_range(0, BK, BKS):
+    dKk_t = tl.trans(b_beta[:, None] * dL_decayed)
+    # dL * L's sums without K K^T: sum_j dL_ij <k_i, k_j> = <(dL K)_i, k_i> and
+    # sum_i beta_i dL_ij <k_i, k_j> = <(diag(beta) dL)^T K)_j, k_j>, from the two
+    # products dk needs anyway; a [BT, BT] K K^T live through both loops spilled
+    # 312 B per thread at 4 warps (sm_90, triton 3.6)
+    dL_kk = tl.zeros([BT], dtype=ACC)  # sum_j dL_ij <k_i, k_j>
+    through_L_cols = tl.zeros([BT], dtype=ACC)  # column sums of dL * L
+    for c0 in range(0, BK, BKS):
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         At_dw = dot(tl.trans(b_A), load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC), MM)
-        b_dk = beta_gamma[:, None] * At_dw + dot(dKk + tl.trans(dKk), b_k, MM)
+        dL_k = dot(dL_decayed, b_k, MM)
+        dKk_t_k = dot(dKk_t, b_k, MM)
+        b_dk = beta_gamma[:, None] * At_dw + b_beta[:, None] * dL_k + dKk_t_k
         b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, c0, BKS, ACC)
         store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, c0, BKS)
-    b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + tl.sum(dL_decayed * kkt, 1)
-    dG = beta_gamma * w_dot_k + tl.sum(through_L, 1) - tl.sum(through_L, 0)
+        dL_kk += tl.sum(dL_k * b_k, 1)
+        through_L_cols += tl.sum(dKk_t_k * b_k, 1)
+    b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + dL_kk
+    dG = beta_gamma * w_dot_k + b_beta * dL_kk - through_L_cols
     dG += load_scalars(dg_acc, tok, m_t, HV, i_h, ACC)
     store_scalars(dg_acc, dG, tok, m_t, HV, i_h)
     store_scalars(dbeta, b_dbeta * dbeta_dinput, tok, m_t, HV, i_h)
