@@ -21,10 +21,15 @@ of 32 and value tiles of 32 it takes 224 registers and spills nothing: two
 programs share an SM, which the calibrated model prices at 354 us a launch at
 T = 32K, HV = 32 (whole q and k tiles at 8 warps: 255 registers, one program
 per SM, 467 us; FLA's 297)."""
-BKS_LOCAL_DV = 32
-"""Key columns per slice of Q and K."""
+BKS_LOCAL_DV = 16
+"""Key columns per slice of Q and K: at 32, 224 registers (two programs per
+SM) and 80 B of spills per thread when capped at 168 (sm_90, triton 3.6)."""
 BV_LOCAL_DV = 32
 """Value columns per tile of dO and dv."""
+MAX_REGISTERS = 128
+"""ptxas's cap per thread: 4 warps at 128 registers, four programs per SM, no
+spill (141 uncapped: three). The calibrated model: 298 us a launch at T = 32K,
+HV = 32, against 317 at three per SM and 354 at slices of 32 (two)."""
 
 
 @triton.jit
@@ -68,5 +73,5 @@ def bwd_local_dv(
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BKS=min(BKS_LOCAL_DV, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
     )

@@ -154,6 +154,16 @@ def num_stages(kernel) -> int:
     return _launch_fact(kernel, "NUM_STAGES", 3)
 
 
+def launch_options(kernel) -> dict:
+    """The compile options its launcher gives ``kernel``: warps, stages and,
+    where its module caps them (``MAX_REGISTERS``), ptxas's registers per thread."""
+    options = {"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)}
+    max_registers = _launch_fact(kernel, "MAX_REGISTERS", None)
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    return options
+
+
 def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
     """The kernel as a launch specialises it: every pointer 16-byte aligned
     (``tt.divisibility``; tensors and workspace pools start on 256-byte
@@ -195,7 +205,7 @@ def compile_all(arch: int, K: int = 128, V: int = 128, only: list[str] | None = 
     out = []
     for name, kernel, constexprs in selected(K, V, only):
         compiled = triton.compile(source(name, kernel, constexprs), target=target,
-                                  options={"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)})
+                                  options=launch_options(kernel))
         out.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                         num_warps=compiled.metadata.num_warps))
     return out
@@ -233,7 +243,7 @@ def report(arch: int, K: int = 128, V: int = 128, only: list[str] | None = None)
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(source(name, kernel, constexprs), target=target,
-                                      options={"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)})
+                                      options=launch_options(kernel))
         has_dot = "tt.dot" in compiled.asm["ttir"]
         rows.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                          num_warps=compiled.metadata.num_warps, num_stages=compiled.metadata.num_stages,
