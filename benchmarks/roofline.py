@@ -80,7 +80,6 @@ import torch
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import head_block, walk_block
-from gdn_kcp.kernels.triton.output import BV_OUTPUT
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 
@@ -211,11 +210,10 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
                     + 2 * C * BW * e["v_new"] + K * BW * e["h"])
         return [walk(phase, "tape_walk_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
 
-    def output(phase: str) -> list[Launch]:
-        BO = min(BV_OUTPUT, head_block(V))  # the output's value tile
-        work = Work(bf16=2 * C * C * K + 2 * C * K * BO + 2 * C * C * BO,
-                    bytes=qk + C * n + K * BO * e["h"] + C * BO * e["v_new"] + C * BO * n)
-        return [Launch(phase, "output_kernel", NC * HV * -(-V // BO), work)]
+    def output(phase: str) -> list[Launch]:  # one program per chunk and head walks the value tiles
+        work = Work(bf16=2 * C * C * K + 2 * C * K * V + 2 * C * C * V,
+                    bytes=qk + C * n + K * V * e["h"] + C * V * e["v_new"] + C * V * n)
+        return [Launch(phase, "output_kernel", NC * HV, work)]
 
     def bwd_local_dv(phase: str) -> list[Launch]:  # one program per chunk and head walks the value tiles
         work = Work(bf16=2 * C * C * K + 2 * C * C * V, bytes=qk + C * n + C * V * n + C * V * e["dv_new"])

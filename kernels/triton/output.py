@@ -1,5 +1,5 @@
 """Program #5, output (Triton): ``O = scale [diag(gamma) Q S0 + (Q K^T * D) Vn]``;
-one program per (chunk, value head, value tile). Same signature as
+one program per (chunk, value head), looping over value tiles. Same signature as
 ``kernels.torch.output``."""
 
 from __future__ import annotations
@@ -10,20 +10,22 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, causal_segments, chunk_rows, dot, head_block, load_gates, load_qk_cols,
-                      load_rows_cols, load_state_rows, lower_dot, mm_mode, pointer, store_rows_cols)
+                      load_rows_cols, load_state_rows, lower_dot, mm_mode, operand, pointer, store_rows_cols)
 
 
-NUM_WARPS = 8
+NUM_WARPS = 4
 """Warps per program (compile_specs --report)."""
 BKS_OUTPUT = 32
 """Key columns per slice of Q and K."""
-BV_OUTPUT = 128
-"""Value columns per program: up to 128, one program per chunk and head makes
-``Q K^T`` once. On sm_90 (bf16, K = V = 128, triton 3.6) at 8 warps, slices of
-32 and tiles of 128 spill 4 B per thread (tiles of 64: none, 208 registers);
-the calibrated model prices a launch at T = 32K, HV = 32 at 827 us against
-1,055 with tiles of 64 and 1,293 before the key slices (whole ``[64, 128]``
-q and k tiles spilled 68 B); at 4 warps it spills 32 B (tiles of 64) to 1.3 KB."""
+BV_OUTPUT = 32
+"""Value columns per tile of the loop over V. On sm_90 (bf16, K = V = 128,
+triton 3.6) at 4 warps: no spill, two programs per SM; the calibrated model
+prices a launch at T = 32K, HV = 32 at 651 us against 827 for the former
+layout (one program per value tile of 128 with ``Q K^T`` and ``Q S0``
+accumulated together: 8 warps, 255 registers, one program per SM; at 4 warps
+it spilled 1.3 KB per thread). Tiles of 64 spill 312 B at 4 warps; capped at
+168 registers (three per SM) tiles of 32 with slices of 16 spill 40 B for
+44 us less."""
 
 
 @triton.jit
@@ -33,28 +35,32 @@ def output_kernel(
     BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
     ACC: tl.constexpr, MM: tl.constexpr,
 ):
-    """One chunk, value head and value tile; grid (NC, HV, V / BV). ``Q K^T``
-    and ``diag(gamma) Q S0`` summed over key slices of ``BKS`` (each slice's
-    operands rounded as the whole tile's would be), so no ``[BT, K]`` tile
-    and no ``[K, BV]`` state is live at once."""
-    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One chunk and value head; grid (NC, HV). ``Q K^T`` once, summed over
+    key slices of ``BKS`` (each slice's operands rounded as the whole tile's
+    would be) and kept as the products read it; then per value tile of ``BV``
+    ``diag(gamma) Q S0`` over the same key slices (q reloaded per tile) plus
+    the scores' product, so only one ``[BT, BV]`` accumulator is live."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    col = i_v * BV
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
     tok = start + o_t
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_qk = tl.zeros([BT, BT], dtype=ACC)
-    b_qs = tl.zeros([BT, BV], dtype=ACC)
     for k0 in range(0, K, BKS):
         b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
         b_qk += dot(b_q, tl.trans(b_k), MM)
-        S0 = load_state_rows(h, i_c, HV, i_h, K, V, k0, col, BKS, BV, ACC)
-        b_qs += dot(tl.exp(G)[:, None] * b_q, S0, MM)
     segment, keep = causal_segments(b_g, False)
-    scores = tl.where(keep, b_qk * tl.exp(segment), 0.0)
-    b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
-    store_rows_cols(o, scale * (b_qs + lower_dot(scores, b_vn, MM)), tok, m_t, HV, i_h, V, col, BV)
+    scores = operand(tl.where(keep, b_qk * tl.exp(segment), 0.0), MM)
+    gamma = tl.exp(G)
+    for col in range(0, V, BV):
+        b_qs = tl.zeros([BT, BV], dtype=ACC)
+        for k0 in range(0, K, BKS):
+            b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
+            S0 = load_state_rows(h, i_c, HV, i_h, K, V, k0, col, BKS, BV, ACC)
+            b_qs += dot(gamma[:, None] * b_q, S0, MM)
+        b_vn = load_rows_cols(v_new, tok, m_t, HV, i_h, V, col, BV, ACC)
+        store_rows_cols(o, scale * (b_qs + lower_dot(scores, b_vn, MM)), tok, m_t, HV, i_h, V, col, BV)
 
 
 def output(
@@ -77,7 +83,7 @@ def output(
     if index.n_chunks == 0:
         return
     BV = min(BV_OUTPUT, head_block(V))
-    output_kernel[(index.n_chunks, HV, triton.cdiv(V, BV))](
+    output_kernel[(index.n_chunks, HV)](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BKS=min(BKS_OUTPUT, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
