@@ -19,14 +19,18 @@ from .wy_inverse import NUM_WARPS as INVERSE_WARPS
 
 NUM_WARPS = 4
 """Warps per program of the W, U kernel."""
-BK_WU = 64
+BK_WU = 16
 """Key columns per slice of W."""
-BV_WU = 32
-"""Value columns per slice of U. On sm_90 (bf16, K = V = 128, triton 3.6),
-slices of 64 / 32 at 4 warps spill nothing and two programs share an SM
-(255 registers); at 64 / 64 it spills 44 B per thread; at 8 warps nothing
-spills but one program holds an SM (180 to 193 registers) and the calibrated
-model prices it 495 us a launch at T = 32K, HV = 32, against 374."""
+BV_WU = 16
+"""Value columns per slice of U. On sm_90 (bf16, K = V = 128, triton 3.6) at
+4 warps capped at 128 registers (``MAX_REGISTERS``) slices of 16 / 16 spill
+nothing and four programs share an SM: the calibrated model prices a launch
+at T = 32K, HV = 32 at 314 us, against 334 at three per SM (156 registers
+uncapped) and 374 at slices of 64 / 32 (255 registers, two per SM; 32 / 16
+capped at 128 spill 396 B per thread); at 8 warps nothing spills but one
+program holds an SM (180 to 193 registers): 495 us."""
+MAX_REGISTERS = 128
+"""ptxas's cap per thread for ``prep_kernel`` (see BV_WU)."""
 
 
 @triton.jit
@@ -132,4 +136,5 @@ def prep(
     prep_kernel[grid](
         k, v, g, gate, beta, index.chunk_table, A_out, w_out, u_out, k_rstd, index.n_chunks, H_qk, HV, K, V,
         BK=min(BK_WU, head_block(K)), BV=min(BV_WU, head_block(V)), **flags, num_warps=NUM_WARPS,
+        maxnreg=MAX_REGISTERS,
     )
