@@ -1,21 +1,28 @@
 """Forward + backward time of the chunked CPU path against the naive recurrence,
 measured in the same run, at T = 4096, HV = 4, K = V = 128 (fp32, one document).
 
-    python benchmarks/cpu_chunk.py [--tokens 4096] [--repeats 3]
+    python benchmarks/cpu_chunk.py [--tokens 4096] [--repeats 3] [--compiled]
 
 The naive recurrence is the oracle's token loop run in fp32 with autograd; the
 ratio printed is naive time / chunked time. Each figure is the best of its
 calls (chunked: --repeats; naive: --repeats // 3, at least 1); on a shared
-machine the single naive call is the noisy figure.
+machine the single naive call is the noisy figure. ``--compiled`` also times
+the chunked path under ``torch.compile`` (Inductor, fullgraph): with the
+opaque ``gdn_kcp`` ops, and with the traced host path
+(``gdn_kcp.trace_host_path()``, every program and pool Inductor's own),
+against eager in the same run; each compile (its first call, minutes on two
+cores for the traced path) is timed apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
 
+import gdn_kcp
 from gdn_kcp import chunk_gated_delta_rule, naive_recurrence
 
 
@@ -44,6 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compiled", action="store_true",
+                        help="also the chunked path compiled by Inductor: opaque ops and the traced host path")
     args = parser.parse_args()
     T, H_qk, HV, K, V = args.tokens, 2, 4, 128, 128
     inputs = make_inputs(T, H_qk, HV, K, V)
@@ -62,6 +71,21 @@ def main() -> None:
     print(f"chunked fwd+bwd: {t_chunk * 1e3:9.1f} ms  (best of {args.repeats})")
     print(f"naive   fwd+bwd: {t_naive * 1e3:9.1f} ms  (best of {naive_repeats})")
     print(f"speed-up (naive / chunked): {t_naive / t_chunk:.1f}x")
+    if args.compiled:
+        time_compiled(chunked, inputs, args.repeats, t_chunk)
+
+
+def time_compiled(chunked, inputs: list[torch.Tensor], repeats: int, t_eager: float) -> None:
+    """The chunked path compiled with the opaque ops and with the traced host
+    path: compile time (the first call) and the best of ``repeats`` calls."""
+    for name, traced in (("opaque ops", False), ("traced host path", True)):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda xs: chunked(xs), fullgraph=True)
+        with gdn_kcp.trace_host_path() if traced else contextlib.nullcontext():
+            t_compile = time_fwd_bwd(compiled, inputs, 1)
+            t_run = time_fwd_bwd(compiled, inputs, repeats)
+        print(f"compiled, {name}: {t_run * 1e3:9.1f} ms  (best of {repeats}; first call {t_compile:.0f} s); "
+              f"eager / compiled {t_eager / t_run:.2f}x")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+import torch
+
 from gdn_kcp.context import KcpContext
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, terms, walk
 from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
@@ -115,7 +117,14 @@ def segment_range(ctx: KcpContext) -> int:
 def plan_segments(ctx: KcpContext, HV: int, K: int, V: int) -> int:
     """The P of least :func:`walk_cost` for this context's metadata (the
     smallest P within 1 % of the least cost)."""
-    return _plan(ctx.plan_chunks, ctx.plan_frags, ctx.n_sms, int(HV), int(K), int(V))
+    return _planned(ctx.plan_chunks, ctx.plan_frags, ctx.n_sms, int(HV), int(K), int(V))
+
+
+@torch.compiler.assume_constant_result
+def _planned(chunks: int, frags: int, n_sms: int, HV: int, K: int, V: int) -> int:
+    """:func:`_plan`, a constant to torch.compile: traced code takes the plan's
+    P, not a trace of the cost model's Python (nor of its cache wrapper)."""
+    return _plan(chunks, frags, n_sms, HV, K, V)
 
 
 @functools.lru_cache(maxsize=4096)

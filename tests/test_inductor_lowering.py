@@ -70,13 +70,14 @@ def traced_aot_eager(fn, inputs, parameters=()):
     """``fn``'s outputs and gradients (of its inputs and ``parameters``): eager,
     and compiled with ``aot_eager`` (Dynamo and AOT autograd, no Inductor) in
     ``trace_host_path``; also the gdn_kcp ops the traced graphs still call."""
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     graphs = []
 
     def keep(gm, example_inputs):
         graphs.append(gm)
-        return gm
+        return make_boxed_func(gm)
 
     def run(f):
         leaves = [x.detach().clone().requires_grad_() for x in inputs]
@@ -135,3 +136,42 @@ def test_layer_traces():
     assert ops and all("short_conv" in op for op in ops), ops  # the convolution stays its own op, GDN is traced
     for i, (a, b) in enumerate(zip(compiled, eager, strict=True)):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), (i, float((a - b).abs().max()))
+
+
+def test_one_traced_graph_serves_every_packing():
+    """Capture once under the traced path: a capped ``cu_seqlens`` passed as an
+    input, two packings of the same cap, one forward and one backward graph
+    for both (aot_eager), each packing's outputs and gradients equal eager."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    T, H_qk, HV, K, V = 70, 1, 2, 16, 16
+    graphs = {"fw": 0, "bw": 0}
+
+    def counted(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind] += 1
+            return make_boxed_func(gm)
+        return compiler
+
+    def fn(q, k, v, g, b, cu):
+        return chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+
+    inputs = [randn(1, T, H_qk, K, seed=3), randn(1, T, H_qk, K, seed=4), randn(1, T, HV, V, seed=5),
+              -randn(1, T, HV, seed=6).abs(), randn(1, T, HV, seed=7).sigmoid()]
+
+    def run(f, cu):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        out = f(*leaves, cu)
+        return [out, *torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum(), leaves)]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True,
+                             backend=aot_autograd(fw_compiler=counted("fw"), bw_compiler=counted("bw")))
+    for cu in (CU_CAPPED, torch.tensor([0, 10, 25, 50, T])):
+        eager = run(fn, cu)
+        with gdn_kcp.trace_host_path():
+            got = run(compiled, cu)
+        for i, (a, b) in enumerate(zip(got, eager, strict=True)):
+            assert torch.allclose(a, b, rtol=0, atol=1e-12), (cu.tolist(), i, float((a - b).abs().max()))
+    assert graphs == {"fw": 1, "bw": 1}, graphs

@@ -51,6 +51,15 @@ def walk_block(V: int) -> int:
     return min(32, head_block(V))
 
 
+def register_cap(max_registers: int) -> dict:
+    """ptxas's registers per thread as a launch keyword (``maxnreg``), left out
+    while torch.compile traces the launch: Dynamo's Triton tracing takes warps
+    and stages as launch options but would pass ``maxnreg`` on as a kernel
+    argument (torch 2.13, ``triton_kernel_wrap.SPECIAL_CONFIG_NAMES``), so a
+    traced launch compiles uncapped."""
+    return {} if torch.compiler.is_compiling() else {"maxnreg": max_registers}
+
+
 def pointer(x: torch.Tensor | None, spare: torch.Tensor) -> torch.Tensor:
     """``x``, or ``spare`` in the place of an absent tensor (a kernel whose
     constexpr flag is off never reads it)."""

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, mm_mode, pointer,
-                      store_rows_cols)
+                      register_cap, store_rows_cols)
 
 
 NUM_WARPS = 4
@@ -73,5 +73,5 @@ def bwd_local_dv(
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BKS=min(BKS_LOCAL_DV, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, **register_cap(MAX_REGISTERS),
     )

@@ -16,7 +16,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk_cols,
-                      load_rows_cols, load_scalars, mm_mode, operand, pointer, store_rows_cols, store_scalars, value_block)
+                      load_rows_cols, load_scalars, mm_mode, operand, pointer, store_rows_cols, store_scalars,
+                      value_block)
 
 
 BKS_WY = 16

@@ -13,7 +13,8 @@ import triton.language as tl
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
 from ._common import (BT, acc_dtype, chunk_rows, dot, head_block, load_beta, load_gates, load_operand, load_qk_cols,
-                      load_rows_cols, mm_mode, pointer, store_rows_cols, store_scalars)
+                      load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols,
+                      store_scalars)
 from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
 from .wy_inverse import NUM_WARPS as INVERSE_WARPS
 
@@ -136,5 +137,5 @@ def prep(
     prep_kernel[grid](
         k, v, g, gate, beta, index.chunk_table, A_out, w_out, u_out, k_rstd, index.n_chunks, H_qk, HV, K, V,
         BK=min(BK_WU, head_block(K)), BV=min(BV_WU, head_block(V)), **flags, num_warps=NUM_WARPS,
-        maxnreg=MAX_REGISTERS,
+        **register_cap(MAX_REGISTERS),
     )
