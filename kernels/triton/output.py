@@ -43,6 +43,8 @@ def output_kernel(
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
+    if length == 0:  # a capped context's empty chunk: its state rows were never written
+        return
     tok = start + o_t
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_qk = tl.zeros([BT, BT], dtype=ACC)
