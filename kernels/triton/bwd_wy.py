@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_qk_cols,
-                      load_rows_cols, load_scalars, mm_mode, operand, pointer, store_rows_cols, store_scalars,
+from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_operand,
+                      load_qk_cols, load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols, store_scalars,
                       value_block)
 
 
@@ -47,7 +47,7 @@ def bwd_wy_kernel(
     tok = start + o_t
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, dbeta_dinput = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
-    b_A = operand(load_rows_cols(A, tok, m_t, HV, i_h, BT, 0, BT, ACC), MM)  # read only by products
+    b_A = load_operand(A, tok, m_t, HV, i_h, BT, BT, MM, ACC)  # read only by products
     beta_gamma = b_beta * tl.exp(G)
     # K in blocks of BKS columns, in two passes: with whole [BT, 128] tiles of
     # k, dw and A^T dw it spilled 2,020 B per thread on sm_90, 1,456 with 64-column
