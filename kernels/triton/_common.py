@@ -130,12 +130,22 @@ def dot(a, b, MM: tl.constexpr):
 
 
 @triton.jit
-def chunk_rows(chunk_table, n_chunks, c, BT: tl.constexpr):
-    """Chunk ``c``: first token (int64), length, row offsets, valid rows."""
-    start = tl.load(chunk_table + c).to(tl.int64)
-    length = tl.load(chunk_table + n_chunks + c)
+def chunk_tokens(start, length, BT: tl.constexpr):
+    """A chunk's rows from its two ``chunk_table`` entries (first token, length):
+    token of each row (int64), row offsets, valid rows.
+
+    The kernel loads the entries itself (``start, length = tl.load(chunk_table
+    + c), tl.load(chunk_table + n_chunks + c)``) and passes the values: under
+    ``torch.compile`` a launch is functionalised by torch's analysis of the
+    kernel's TTIR, which counts every tensor a store address depends on as
+    written, and follows a helper call's results back to all of its
+    arguments (a load in the kernel body ends the chain). Read inside a
+    helper, ``chunk_table`` (and the q, k, g of the same call) counted as
+    written, so Inductor cloned them before every launch, and the backward
+    mutated its inputs and failed to partition. ``tests/test_traced_triton.py``
+    checks every kernel's written set."""
     o_t = tl.arange(0, BT)
-    return start, length, o_t, o_t < length
+    return start.to(tl.int64) + o_t, o_t, o_t < length
 
 
 @triton.jit
@@ -402,7 +412,9 @@ def last_real_fragment(frag_table, n_frag, BF: tl.constexpr):
 @triton.jit
 def frag_info(frag_table, n_frag, f):
     """Fragment ``f``: first chunk, chunk count, its row in the initial states
-    (``f - n_in``; its final-state row is f) and its crossing flags."""
+    (``f - n_in``; its final-state row is f) and its crossing flags. A kernel
+    that stores at rows derived from the first chunk or the initial row reads
+    them itself (:func:`chunk_tokens`' note)."""
     first = tl.load(frag_table + 2 * n_frag + f)
     count = tl.load(frag_table + 3 * n_frag + f)
     initial_row = f - (tl.load(frag_table + 5 * n_frag) & 1)  # fragment 0 is the only one that can cross in
@@ -418,17 +430,10 @@ def carry_row(frag_table, n_frag, f):
 
 
 @triton.jit
-def segment_rows(frag_rows, n_frag, f):
-    """Fragment ``f``'s first summary row and row count (``frag_rows`` ``[2, n_frag]``
-    of :mod:`gdn_kcp.kernels.segments`; 0 rows when it is not composed)."""
-    return tl.load(frag_rows + f), tl.load(frag_rows + n_frag + f)
-
-
-@triton.jit
-def walk_operands(g, gate_params, chunk_table, n_chunks, c, HV, h, BT: tl.constexpr, GATE: tl.constexpr,
-                  ACC: tl.constexpr):
-    """The rows of chunk ``c`` and the decays one step of a walk over it needs:
-    the gate prefix sums ``G``, ``k_scale = gamma_C / gamma_i`` and ``gamma_C``.
+def walk_operands(g, gate_params, tok, length, HV, h, BT: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr):
+    """The decays one step of a walk over a chunk (rows ``tok``, ``length`` of
+    them: :func:`chunk_tokens`) needs: the gate prefix sums ``G``,
+    ``k_scale = gamma_C / gamma_i`` and ``gamma_C``.
 
     The walks put ``k_scale`` (at most 1) on the ``[BT, BV]`` side of their K
     products (``K^T diag(k_scale) V_new``, ``diag(k_scale) (K dS)``), so no
@@ -438,11 +443,10 @@ def walk_operands(g, gate_params, chunk_table, n_chunks, c, HV, h, BT: tl.conste
     ``gamma_C / gamma_i = exp(sum_{l > i} g_l)`` is a reverse cumsum of the
     gates one row on (read again from memory), which adds exactly the gates it
     spans, as :func:`load_gates` does, without its ``[BT, BT]`` temporary."""
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
-    tok = start + o_t
-    b_g = gate_rows(g, gate_params, tok, m_t, HV, h, GATE, ACC)
+    o_t = tl.arange(0, BT)
+    b_g = gate_rows(g, gate_params, tok, o_t < length, HV, h, GATE, ACC)
     b_after = gate_rows(g, gate_params, tok + 1, o_t + 1 < length, HV, h, GATE, ACC)
-    return tok, m_t, tl.cumsum(b_g, 0), tl.exp(tl.cumsum(b_after, 0, reverse=True)), tl.exp(tl.sum(b_g, 0))
+    return tl.cumsum(b_g, 0), tl.exp(tl.cumsum(b_after, 0, reverse=True)), tl.exp(tl.sum(b_g, 0))
 
 
 @triton.jit
@@ -489,15 +493,13 @@ def state_chunk(k, k_rstd, w, u, v_new, X1, X2, tok, m_t, k_scale, gamma_last, H
 
 
 @triton.jit
-def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, c, H_qk, hk, HV, h, K,
+def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, tok, m_t, H_qk, hk, HV, h, K,
                  BT: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
                  ACC: tl.constexpr, MM: tl.constexpr):
-    """Chunk ``c`` of head ``h``: rows, and the decayed causal scores
+    """A chunk (rows ``tok``, valid ``m_t``) of head ``h``: the decayed causal scores
     ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (local dv reads them), ``Q K^T``
     summed over key slices of ``BKS`` (each slice's operands rounded as the
     whole tile's would be)."""
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, c, BT)
-    tok = start + o_t
     b_g = gate_rows(g, gate_params, tok, m_t, HV, h, GATE, ACC)
     b_qk = tl.zeros([BT, BT], dtype=ACC)
     for k0 in range(0, K, BKS):
@@ -505,4 +507,4 @@ def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, c,
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, k0, BKS, HAS_NORM, ACC)
         b_qk += dot(b_q, tl.trans(b_k), MM)
     segment, keep = causal_segments(b_g, False)
-    return tok, m_t, tl.where(keep, b_qk * tl.exp(segment), 0.0)
+    return tl.where(keep, b_qk * tl.exp(segment), 0.0)

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, frag_info, head_block, mm_mode, pointer, store_state_halves, value_block,
-                      walk_operands)
+from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, mm_mode, pointer, store_state_halves,
+                      value_block, walk_operands)
 from .adjoint_walk import adjoint_chunk
 
 
@@ -35,8 +35,9 @@ def adjoint_segment_summary_kernel(
     dS2 = tl.zeros([BH, BV], dtype=ACC)
     for jj in range(0, count):
         c = first + count - 1 - jj
-        tok, m_t, G, k_scale, gamma_last = walk_operands(
-            g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
+        start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
+        tok, o_t, m_t = chunk_tokens(start, length, BT)
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
         _, dS1, dS2 = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale,
                                     gamma_last, scale, H_qk, i_hk, HV, i_h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
     store_state_halves(nu, dS1, dS2, i_r, HV, i_h, K, V, col, BH, BV)

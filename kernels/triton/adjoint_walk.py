@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, dot, frag_info, head_block, load_operand_cols,
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, dot, head_block, load_operand_cols,
                       load_qk_cols, load_rows_cols, load_state_halves, mm_mode, operand, pointer, store_rows_cols,
                       store_state_halves, walk_block, walk_operands)
 
@@ -63,7 +63,11 @@ def adjoint_walk_kernel(
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
+    # dh's and d_initial's rows come from the fragment's first chunk, count and initial row: read
+    # here, not through frag_info (_common.chunk_tokens' note)
+    first, count = tl.load(frag_table + 2 * n_frag + i_f), tl.load(frag_table + 3 * n_frag + i_f)
+    initial_row = i_f - (tl.load(frag_table + 5 * n_frag) & 1)  # fragment 0 alone can cross in
+    flags = tl.load(frag_table + 5 * n_frag + i_f)
     BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
     dS1 = tl.zeros([BH, BV], dtype=ACC)
     dS2 = tl.zeros([BH, BV], dtype=ACC)
@@ -79,8 +83,9 @@ def adjoint_walk_kernel(
     for jj in range(0, count):
         c = first + count - 1 - jj
         store_state_halves(dh, dS1, dS2, c, HV, i_h, K, V, col, BH, BV)
-        tok, m_t, G, k_scale, gamma_last = walk_operands(
-            g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
+        start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
+        tok, o_t, m_t = chunk_tokens(start, length, BT)
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
         b_dvn, dS1, dS2 = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale,
                                         gamma_last, scale, H_qk, i_hk, HV, i_h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)

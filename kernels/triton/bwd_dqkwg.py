@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_gates, load_qk_cols,
+from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, load_gates, load_qk_cols,
                       load_rows_cols, load_state_rows, mm_mode, pointer, store_rows_cols, store_scalars)
 
 
@@ -20,12 +20,12 @@ BV_DQKWG = 16
 32-wide K blocks, 1,520 with 32 / 32; at 32 / 16, 748 / 1,292 under triton 3.9
 and 688 / 1,176 under 3.6 (the GPU machine's), which the loop reloads; at
 16 / 16, 152 / 216 and 112 / 140, and none under 3.6 once ``Q K^T`` is
-reduced before the loop. At 4 warps with the K loop dynamic: 260 B under 3.6
-and 208 under 3.9 (16 / 32: 580 B; 32 / 16: 1,092 B, under 3.6)."""
+reduced before the loop. At 4 warps with the K loop dynamic: 256 B under 3.6
+and 204 under 3.9 (16 / 32: 580 B; 32 / 16: 1,092 B, under 3.6)."""
 NUM_WARPS = 4
 """Warps per program: at 8 (251 registers, one program per SM) the calibrated
 model priced the launch 229 us above 4 warps' two programs per SM at T = 32K,
-HV = 32, though 4 warps spill 260 B per thread (charged at HBM rate)."""
+HV = 32, though 4 warps spill 256 B per thread (charged at HBM rate)."""
 
 @triton.jit
 def bwd_dqkwg_kernel(
@@ -36,10 +36,10 @@ def bwd_dqkwg_kernel(
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     if length == 0:  # a capped context's empty chunk: its state rows were never written
         return
-    tok = start + o_t
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_g, G, tail = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     do_vn = tl.zeros([BT, BT], dtype=ACC)  # dO Vn^T
     for col in range(0, V, BV):

@@ -8,14 +8,14 @@ import triton.language as tl
 import triton
 
 from ..chunk_index import ChunkIndex
-from ._common import BT, acc_dtype, chunk_rows, load_scalars, store_scalars
+from ._common import BT, acc_dtype, chunk_tokens, load_scalars, store_scalars
 
 
 @triton.jit
 def bwd_gate_cumsum_kernel(dgcum, dg, chunk_table, n_chunks, HV, BT: tl.constexpr, ACC: tl.constexpr):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
-    tok = start + o_t
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
     dG = load_scalars(dgcum, tok, m_t, HV, i_h, ACC)
     store_scalars(dg, tl.cumsum(dG, 0, reverse=True), tok, m_t, HV, i_h)
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_scores, dot, head_block, load_rows_cols, mm_mode, pointer,
+from ._common import (BT, acc_dtype, chunk_scores, chunk_tokens, dot, head_block, load_rows_cols, mm_mode, pointer,
                       register_cap, store_rows_cols)
 
 
@@ -42,8 +42,10 @@ def bwd_local_dv_kernel(
     """One chunk of one value head, looping over value tiles; grid (NC, HV)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    tok, m_t, scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, chunk_table, n_chunks, i_c, H_qk, i_hk,
-                                    HV, i_h, K, BT, BKS, HAS_NORM, GATE, ACC, MM)
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
+    scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, tok, m_t, H_qk, i_hk, HV, i_h, K, BT, BKS, HAS_NORM,
+                          GATE, ACC, MM)
     b_scores_t = tl.trans(scores)
     for col in range(0, V, BV):
         b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_rows, dot, head_block, load_beta, load_gates, load_operand,
+from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, load_beta, load_gates, load_operand,
                       load_qk_cols, load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols, store_scalars,
                       value_block)
 
@@ -43,8 +43,8 @@ def bwd_wy_kernel(
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
-    tok = start + o_t
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, dbeta_dinput = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
     b_A = load_operand(A, tok, m_t, HV, i_h, BT, BT, MM, ACC)  # read only by products

@@ -79,6 +79,33 @@ INPUT_POINTERS = {
     "recurrent_kernel": {"q", "k", "v", "g", "beta", "o", "conv_in", "conv_w", "conv_b", "conv_out"},
     "conv_step_kernel": {"x", "state", "w", "b", "y", "state_out"},
 }
+WRITES = {
+    "l2_rstd_kernel": {"rstd"},
+    "wy_inverse_kernel": {"A_out"},
+    "prep_kernel": {"w", "u"},
+    "tape_walk_kernel": {"h_out", "v_new", "final_state"},
+    "summary_walk_kernel": {"out"},
+    "output_kernel": {"o"},
+    "bwd_local_dv_kernel": {"dv"},
+    "adjoint_walk_kernel": {"dh", "dv", "d_initial"},
+    "adjoint_summary_kernel": {"nu"},
+    "segment_summary_kernel": {"summary"},
+    "adjoint_segment_summary_kernel": {"nu"},
+    "compose_segments_kernel": {"start", "final_state", "out"},
+    "compose_adjoints_kernel": {"end", "out"},
+    "bwd_dqkwg_kernel": {"dq", "dk", "dw", "dg"},
+    "bwd_wy_kernel": {"dk_acc", "dv", "dbeta", "dg_acc"},
+    "bwd_gate_cumsum_kernel": {"dg"},
+    "bwd_qk_norm_kernel": {"dx"},
+    "short_conv_fwd_kernel": {"y"},
+    "short_conv_bwd_dx_kernel": {"dx", "dhalo"},
+    "short_conv_bwd_dw_kernel": {"dw_part", "db_part"},
+    "recurrent_kernel": {"state", "o", "conv_out"},
+    "conv_step_kernel": {"y", "state_out"},
+}
+"""The pointers each kernel stores to (its outputs; the decode step updates
+``state`` in place). Under torch.compile nothing else may count as written:
+``traced_launches`` and ``tests/test_traced_triton.py`` check it."""
 INTS = {"n_chunks", "n_frag", "max_rows", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
 
 

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (acc_dtype, exact_product, frag_info, head_block, load_state, pointer, segment_rows,
-                      store_state, store_state_strided, value_block)
+from ._common import (acc_dtype, exact_product, frag_info, head_block, load_state, pointer, store_state,
+                      store_state_strided, value_block)
 from .compose_segments import BKB_COMPOSE, BV_COMPOSE
 
 NUM_WARPS = 8
@@ -37,7 +37,8 @@ def compose_adjoints_kernel(
     else:
         i_f = tl.program_id(0)
     _first, _count, _initial_row, flags = frag_info(frag_table, n_frag, i_f)
-    first_row, count = segment_rows(frag_rows, n_frag, i_f)
+    # the summary rows, read here: stores address them (_common.chunk_tokens' note)
+    first_row, count = tl.load(frag_rows + i_f), tl.load(frag_rows + n_frag + i_f)
     keep = ((flags & 5) == 1) & (count > 0)  # crosses in (a sentinel: never)
     n_steps = tl.minimum(count, max_rows)
     if FIRST_ONLY:

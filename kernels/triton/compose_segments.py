@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (acc_dtype, exact_product, frag_info, head_block, last_real_fragment, load_state, load_state_cols,
-                      pointer, segment_rows, store_state, store_state_strided, value_block)
+                      pointer, store_state, store_state_strided, value_block)
 from .summary_walk import BF
 
 BKB_COMPOSE = 16
@@ -55,7 +55,8 @@ def compose_segments_kernel(
     else:
         i_f = tl.program_id(0)
     _first, _count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
-    first_row, count = segment_rows(frag_rows, n_frag, i_f)
+    # the summary rows, read here: stores address them (_common.chunk_tokens' note)
+    first_row, count = tl.load(frag_rows + i_f), tl.load(frag_rows + n_frag + i_f)
     if IS_M:
         keep = ((flags & 7) == 3) & (count > 0)  # a middle fragment: crosses in and out (a sentinel: never)
     else:

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_segments, chunk_rows, dot, head_block, load_gates, load_qk_cols,
+from ._common import (BT, acc_dtype, causal_segments, chunk_tokens, dot, head_block, load_gates, load_qk_cols,
                       load_rows_cols, load_state_rows, lower_dot, mm_mode, operand, pointer, store_rows_cols)
 
 
@@ -42,10 +42,10 @@ def output_kernel(
     the scores' product, so only one ``[BT, BV]`` accumulator is live."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     if length == 0:  # a capped context's empty chunk: its state rows were never written
         return
-    tok = start + o_t
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_qk = tl.zeros([BT, BT], dtype=ACC)
     for k0 in range(0, K, BKS):

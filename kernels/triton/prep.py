@@ -12,9 +12,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
-from ._common import (BT, acc_dtype, chunk_rows, dot, head_block, load_beta, load_gates, load_operand, load_qk_cols,
-                      load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols,
-                      store_scalars)
+from ._common import (BT, acc_dtype, chunk_tokens, dot, head_block, load_beta, load_gates, load_operand, load_qk_cols,
+                      load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols, store_scalars)
 from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
 from .wy_inverse import NUM_WARPS as INVERSE_WARPS
 
@@ -81,8 +80,8 @@ def prep_kernel(
     in key slices of ``BK`` and value slices of ``BV``; grid (NC, HV)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
-    tok = start + o_t
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, _ = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
     b_A = load_operand(A, tok, m_t, HV, i_h, BT, BT, MM, ACC)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, frag_info, head_block, mm_mode, pointer, state_chunk,
+from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, mm_mode, pointer, state_chunk,
                       store_state_halves, walk_block, walk_operands)
 
 
@@ -47,8 +47,10 @@ def segment_summary_kernel(
     if not HAS_U:
         count = tl.where(col + BV <= V, 0, count)
     for j in range(0, count):
-        tok, m_t, G, k_scale, gamma_last = walk_operands(
-            g, gate_params, chunk_table, n_chunks, first + j, HV, i_h, BT, GATE, ACC)
+        c = first + j
+        start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
+        tok, o_t, m_t = chunk_tokens(start, length, BT)
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
         # HAS_U: columns past V read nothing (u = [U | 0])
         X1, X2 = state_chunk(k, k_rstd, w, u, u, X1, X2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
                              HV, i_h, K, V, col, BH, BV, HAS_NORM, HAS_U, False, MM, ACC)

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, frag_info, head_block, last_real_fragment, load_state_halves,
-                      mm_mode, pointer, state_chunk, store_state_strided, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, last_real_fragment,
+                      load_state_halves, mm_mode, pointer, state_chunk, store_state_strided, walk_block, walk_operands)
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
@@ -55,8 +55,10 @@ def summary_walk_kernel(
             if crosses_out & ((flags & 1) == 0):
                 S1, S2 = load_state_halves(initial_state, initial_row, HV, i_h, K, V, col, BH, BV, ACC)
     for j in range(0, count):
-        tok, m_t, G, k_scale, gamma_last = walk_operands(
-            g, gate_params, chunk_table, n_chunks, first + j, HV, i_h, BT, GATE, ACC)
+        c = first + j
+        start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
+        tok, o_t, m_t = chunk_tokens(start, length, BT)
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
         S1, S2 = state_chunk(k, k_rstd, w, u, u, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
                              HV, i_h, K, V, col, BH, BV, HAS_NORM, not IS_M, False, MM, ACC)
     store_state_strided(out, S1, i_h, stride_h, stride_k, K, WIDTH, 0, col, BH, BV)

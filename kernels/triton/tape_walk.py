@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, frag_info, head_block, load_state_halves, mm_mode,
-                      pointer, state_chunk, store_state_halves, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, frag_info, head_block, load_state_halves,
+                      mm_mode, pointer, state_chunk, store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -31,7 +31,8 @@ def tape_walk_kernel(
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
-    first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
+    _first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
+    first = tl.load(frag_table + 2 * n_frag + i_f)  # h_out's rows: read here (_common.chunk_tokens' note)
     BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
     S1 = tl.zeros([BH, BV], dtype=ACC)
     S2 = tl.zeros([BH, BV], dtype=ACC)
@@ -47,8 +48,9 @@ def tape_walk_kernel(
     for j in range(0, count):
         c = first + j
         store_state_halves(h_out, S1, S2, c, HV, i_h, K, V, col, BH, BV)
-        tok, m_t, G, k_scale, gamma_last = walk_operands(
-            g, gate_params, chunk_table, n_chunks, c, HV, i_h, BT, GATE, ACC)
+        start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
+        tok, o_t, m_t = chunk_tokens(start, length, BT)
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
         S1, S2 = state_chunk(k, k_rstd, w, u, v_new, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
                              HV, i_h, K, V, col, BH, BV, HAS_NORM, True, True, MM, ACC)
     if HAS_FINAL:

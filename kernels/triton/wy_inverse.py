@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..torch.prep import INVERSE_BLOCK
-from ._common import (causal_segments, chunk_rows, dot, load_beta, load_gates, load_qk_cols, operand, rows_reached,
+from ._common import (causal_segments, chunk_tokens, dot, load_beta, load_gates, load_qk_cols, operand, rows_reached,
                       store_rows_cols)
 
 NUM_WARPS = 4
@@ -131,8 +131,8 @@ def wy_inverse_kernel(
     whole tile's would be), then decayed and masked as ``causal_scores``."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
-    start, length, o_t, m_t = chunk_rows(chunk_table, n_chunks, i_c, BT)
-    tok = start + o_t
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_g, _, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, _ = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
     b_kk = tl.zeros([BT, BT], dtype=ACC)

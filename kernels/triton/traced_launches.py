@@ -1,0 +1,180 @@
+"""What ``torch.compile`` makes of the Triton programs' launches, without a GPU.
+
+    python -m gdn_kcp.kernels.triton.traced_launches        # JSON: every launch of a traced step
+
+Under :func:`gdn_kcp.trace_host_path`, Dynamo traces each ``kernel[grid](...)``
+launch of the host path into a ``triton_kernel_wrapper_functional`` node, and
+AOT autograd clones, before the launch, every tensor that torch's analysis of
+the kernel's TTIR counts as written (``tensors_to_clone``). That analysis is
+conservative: a tensor a store address depends on through a helper call counts
+as written (see ``_common.chunk_tokens``). Counted wrongly, Inductor copies the
+index tables and inputs before each launch, and a backward that "writes" its
+inputs does not partition. This module checks it on the CPU:
+
+- :func:`kernel_writes`: the analysis of every kernel of
+  :mod:`.compile_specs` at its shipped configuration;
+- :func:`traced_step`: a forward and backward of the FLA-style entry (bf16,
+  in-kernel gate, beta and norm, initial and final states) and of
+  ``gdn_kcp`` with two segments, compiled with fake tensors, the Triton
+  programs standing in for the torch ones on CPU tensors and a stub sm_90
+  target for the analysis (:func:`hopper_analysis`); returns every launch of
+  both graphs with what it clones.
+
+``tests/test_traced_triton.py`` holds both to :data:`.compile_specs.WRITES`.
+Nothing runs a kernel: what the launches compute is the interpreter tests' and
+the GPU check's business.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Iterator
+
+import torch
+import triton
+
+from .compile_specs import FLOATS, INDEX_TABLES, INPUT_POINTERS, INTS, kernels
+
+
+class _StubDriver:
+    """Answers the one question torch's TTIR generation asks of Triton's driver."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+@contextlib.contextmanager
+def hopper_analysis() -> Iterator[None]:
+    """Within the block, Dynamo treats Triton kernels as on a GPU machine and
+    torch's mutation analysis generates TTIR for sm_90. On a machine with a
+    GPU nothing changes."""
+    import torch.utils._triton as torch_triton
+
+    if torch.cuda.is_available():
+        yield
+        return
+    has_triton, driver = torch_triton.has_triton, triton.runtime.driver
+    previous = driver._active  # None without a GPU; reset_active() would look for a driver and fail
+    torch_triton.has_triton = lambda: True  # read at trace time by Dynamo's variable builder
+    driver.set_active(_StubDriver())
+    try:
+        yield
+    finally:
+        driver._active = previous
+        torch_triton.has_triton = has_triton
+
+
+def _argument(kernel_name: str, name: str):
+    """A value for argument ``name``: what the compile specs type it as."""
+    if name in FLOATS:
+        return 0.5
+    if name in INTS:
+        return 16  # not 1: Triton specialises an int 1 to a constant
+    if name in INDEX_TABLES:
+        return torch.zeros(64, dtype=torch.int32)
+    if name == "doc_bounds":
+        return torch.zeros(64, dtype=torch.int64)
+    inputs = INPUT_POINTERS[kernel_name.split("[")[0]]
+    return torch.zeros(64, dtype=torch.bfloat16 if name in inputs else torch.float32)
+
+
+def kernel_writes(K: int = 128, V: int = 128) -> dict[str, list[str]]:
+    """Kernel (compile-spec name) -> the arguments torch's analysis counts as written."""
+    from torch._higher_order_ops.triton_kernel_wrap import get_mutated_tensors, kernel_side_table
+
+    out = {}
+    with hopper_analysis():
+        for name, kernel, constexprs in kernels(K, V):
+            unset = {p.name: True for p in kernel.params if p.is_constexpr and p.name not in constexprs}
+            args = {p.name: _argument(name, p.name) for p in kernel.params if not p.is_constexpr}
+            out[name] = get_mutated_tensors(kernel_side_table.add_kernel(kernel),
+                                            kernel_side_table.add_constant_args({**unset, **constexprs}), args, {})
+    return out
+
+
+def _launches(gm: torch.fx.GraphModule) -> list[dict]:
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    rows = []
+    for node in gm.graph.nodes:
+        if node.target is torch.ops.higher_order.triton_kernel_wrapper_functional:
+            kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+            rows.append({"kernel": getattr(kernel, "fn", kernel).__name__,
+                         "clones": sorted(node.kwargs["tensors_to_clone"])})
+    return rows
+
+
+def _graph_facts(kind: str, gm: torch.fx.GraphModule) -> dict:
+    """Launches, gdn_kcp ops still called, and inputs the graph writes (``copy_`` into a placeholder)."""
+    placeholders = {node for node in gm.graph.nodes if node.op == "placeholder"}
+    return {
+        "graph": kind,
+        "launches": _launches(gm),
+        "gdn_kcp_ops": sorted({str(n.target) for n in gm.graph.nodes if "gdn_kcp" in str(n.target)}),
+        "written_inputs": sorted(n.args[0].name for n in gm.graph.nodes
+                                 if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders),
+    }
+
+
+def traced_step(T: int = 70, H_qk: int = 1, HV: int = 2, K: int = 32, V: int = 32) -> list[dict]:
+    """Compile a forward and backward of the FLA-style entry and of ``gdn_kcp``
+    with two segments, on fake bf16 tensors, Triton programs; the facts of
+    every forward and backward graph (:func:`_graph_facts`)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp, trace_host_path
+    from gdn_kcp.host.programs import use_programs
+
+    facts: list[dict] = []
+
+    def keeper(kind: str):
+        def compiler(gm, example_inputs):
+            facts.append(_graph_facts(kind, gm))
+            return make_boxed_func(gm)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keeper("forward"), bw_compiler=keeper("backward"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    A_log, dt_bias = torch.zeros(HV), torch.zeros(HV)
+
+    def fla(q, k, v, a, b, h0, cu):
+        o, final = chunk_gated_delta_rule(q, k, v, a, b, initial_state=h0, output_final_state=True, A_log=A_log,
+                                          dt_bias=dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                                          use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        return o.float().sum() + final.sum()
+
+    ctx = build_kcp_context([0, T], device=device)
+
+    def segmented(q, k, v, a, b):
+        o, _ = gdn_kcp(q, k, v, -a.float().abs().to(a.dtype), b.sigmoid(), ctx,
+                       options=OptionsKcp(segments=2, use_qk_l2norm=True))
+        return o.float().sum()
+
+    torch._dynamo.reset()
+    with hopper_analysis(), use_programs("cpu", "triton"), FakeTensorMode(allow_non_fake_inputs=True):
+        A_log, dt_bias = A_log.to(device), dt_bias.to(device)
+        leaf = dict(device=device, dtype=torch.bfloat16, requires_grad=True)
+        q, k = torch.randn(1, T, H_qk, K, **leaf), torch.randn(1, T, H_qk, K, **leaf)
+        v, a, b = torch.randn(1, T, HV, V, **leaf), torch.randn(1, T, HV, **leaf), torch.randn(1, T, HV, **leaf)
+        h0 = torch.randn(2, HV, K, V, device=device, requires_grad=True)
+        cu = torch.tensor([0, 30, T], device=device)
+        with trace_host_path():
+            torch.compile(fla, fullgraph=True, backend=backend)(q, k, v, a, b, h0, cu).backward()
+            torch.compile(segmented, fullgraph=True, backend=backend)(q, k, v, a, b).backward()
+    return facts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args()
+    print(json.dumps({"kernel_writes": kernel_writes(), "graphs": traced_step()}))
+
+
+if __name__ == "__main__":
+    main()

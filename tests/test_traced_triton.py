@@ -1,0 +1,61 @@
+"""The Triton programs under torch.compile, checked without a GPU
+(``gdn_kcp.kernels.triton.traced_launches``, in a subprocess: the
+interpreter that the other tests run is off there, so Dynamo sees Triton
+kernels). torch's analysis of each kernel counts as written exactly the
+pointers the kernel stores to (``compile_specs.WRITES``), never an input or
+an index table; a traced forward and backward (the FLA-style entry with
+every in-kernel option, and ``gdn_kcp`` with two segments) launches every
+program as a ``triton_kernel_wrapper_functional`` that clones only what it
+writes, calls no opaque ``gdn_kcp`` op, and writes none of its inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from gdn_kcp.kernels.triton.compile_specs import WRITES
+
+# the launches of one forward and one backward, by program, in each traced graph
+FLA_FORWARD = {"l2_rstd_kernel": 2, "wy_inverse_kernel": 1, "prep_kernel": 1, "tape_walk_kernel": 1,
+               "output_kernel": 1}
+FLA_BACKWARD = {"l2_rstd_kernel": 2, "wy_inverse_kernel": 1, "prep_kernel": 1, "tape_walk_kernel": 1,
+                "bwd_local_dv_kernel": 1, "adjoint_walk_kernel": 1, "bwd_dqkwg_kernel": 1, "bwd_wy_kernel": 1,
+                "bwd_gate_cumsum_kernel": 1, "bwd_qk_norm_kernel": 2}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
+               TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton_cache")))
+    done = subprocess.run([sys.executable, "-m", "gdn_kcp.kernels.triton.traced_launches"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_kernel_counts_only_its_outputs_as_written(report):
+    for name, written in report["kernel_writes"].items():
+        assert written, f"{name}: nothing counted as written"
+        assert set(written) <= WRITES[name.split("[")[0]], (name, written)
+
+
+def test_traced_step_launches_every_program_and_clones_only_outputs(report):
+    graphs = report["graphs"]
+    assert [g["graph"] for g in graphs] == ["forward", "backward", "forward", "backward"]
+    for g in graphs:
+        assert not g["gdn_kcp_ops"], g["gdn_kcp_ops"]
+        assert not g["written_inputs"], (g["graph"], g["written_inputs"])
+        for launch in g["launches"]:
+            assert set(launch["clones"]) <= WRITES[launch["kernel"]], launch
+    fla_forward, fla_backward, seg_forward, seg_backward = (Counter(x["kernel"] for x in g["launches"]) for g in graphs)
+    assert fla_forward == FLA_FORWARD, fla_forward
+    assert fla_backward == FLA_BACKWARD, fla_backward
+    for kernel in ("segment_summary_kernel", "compose_segments_kernel"):
+        assert seg_forward[kernel] >= 1, seg_forward
+    for kernel in ("adjoint_segment_summary_kernel", "compose_adjoints_kernel"):
+        assert seg_backward[kernel] >= 1, seg_backward
