@@ -37,7 +37,8 @@ def context_from_meta(
                 chain.append(rank_next[chain[-1]])
             chains.append(tuple(chain))
     index = ChunkIndex(chunk_table, frag_table, n_tokens, n_chunks, n_frag, max_frag_chunks)
-    group = group_from_name(group_name) if group_name else None  # empty: one rank, or byte queries only
+    # empty: one rank, or byte queries only; traced code (torch.compile) reaches the group by its name
+    group = group_from_name(group_name) if group_name and not torch.compiler.is_compiling() else None
     return KcpContext(
         R=R, rank=rank, group=group, group_name=group_name,
         rank_ranges=tuple((flat[2 * r], flat[2 * r + 1]) for r in range(R)), n_docs=n_docs,

@@ -20,9 +20,16 @@ from gdn_kcp.options import OptionsKcp
 from gdn_kcp.queries.comm import a2a_split_elements
 
 from .counting import count
+from .ordered import ordered_all_to_all
 
 
 def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs) -> None:
+    """``send`` to the group, ``recv`` from it. Traced (torch.compile inside
+    :func:`gdn_kcp.trace_host_path`): the ordered ``gdn_kcp::all_to_all``
+    (:mod:`.ordered`), copied into ``recv``."""
+    if torch.compiler.is_compiling():
+        recv.view(-1).copy_(ordered_all_to_all(send.reshape(-1), list(sends), list(recvs), ctx.group_name))
+        return
     dist.all_to_all_single(recv.view(-1), send.view(-1), output_split_sizes=recvs, input_split_sizes=sends,
                            group=ctx.group)
     count(name, [send], [recv])

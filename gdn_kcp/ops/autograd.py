@@ -22,6 +22,7 @@ from gdn_kcp.host.programs import load_programs
 from gdn_kcp.options import OptionsKcp, options_from_str
 from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
 from gdn_kcp.dtypes import compute_dtype
+from gdn_kcp.exchange.ordered import ORDERED
 from gdn_kcp.workspace import WorkspaceKcp
 
 from .library import backward_body, forward_body  # importing registers the ops
@@ -87,12 +88,14 @@ def trace_host_path(enabled: bool = True) -> Iterator[None]:
         TRACE_HOST_PATH = previous
 
 
-def traces_host_path(meta: tuple, workspace) -> bool:
+def traces_host_path(meta: tuple, workspace, options: str) -> bool:
     """True when the call runs the ops' bodies in traced code: under
-    ``torch.compile`` inside :func:`trace_host_path`, on one rank (the
-    exchanges are eager collectives), with no caller-held workspace (whose
-    bytes the opaque op carves)."""
-    return TRACE_HOST_PATH and torch.compiler.is_compiling() and workspace is None and meta[0] == 1
+    ``torch.compile`` inside :func:`trace_host_path`, with no caller-held
+    workspace (whose bytes the opaque op carves), on one rank or with the
+    all-to-all exchange (functional collectives; the ring's point-to-point
+    sends stay in the opaque ops)."""
+    one_rank_or_a2a = meta[0] == 1 or (ORDERED and "exchange=a2a" in options.split(";"))
+    return TRACE_HOST_PATH and torch.compiler.is_compiling() and workspace is None and one_rank_or_a2a
 
 
 class GdnFunction(torch.autograd.Function):
@@ -102,10 +105,10 @@ class GdnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta: tuple,
                 group_name: str, options: str, scale: float, n_final_states: int, gate_params, beta_mode: tuple):
-        if traces_host_path(meta, workspace):
+        if traces_host_path(meta, workspace, options):
             o, final_state, *saved = forward_body(
-                q, k, v, g, beta, initial_state, None, chunk_table, frag_table, list(meta), "", options, scale,
-                n_final_states, gate_params, *beta_mode,
+                q, k, v, g, beta, initial_state, None, chunk_table, frag_table, list(meta), group_name, options,
+                scale, n_final_states, gate_params, *beta_mode,
             )
         else:
             o, final_state, *saved = torch.ops.gdn_kcp.fwd(
@@ -124,10 +127,10 @@ class GdnFunction(torch.autograd.Function):
         meta, group_name, options, scale, n_final_states, beta_mode = ctx.args
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
         do, d_final_state = do.contiguous(), d_final_state.contiguous() if n_final_states else None
-        if traces_host_path(meta, ctx.workspace):
+        if traces_host_path(meta, ctx.workspace, options):
             dq, dk, dv, dg, dbeta, d_initial, d_gate = backward_body(
                 do, d_final_state, q, k, v, g, beta, initial_state, saved, None, chunk_table, frag_table,
-                list(meta), "", options, scale, needs_d_initial, gate_params, *beta_mode,
+                list(meta), group_name, options, scale, needs_d_initial, gate_params, *beta_mode,
             )
         else:
             dq, dk, dv, dg, dbeta, d_initial, d_gate = torch.ops.gdn_kcp.bwd(

@@ -1,0 +1,58 @@
+"""Rank functions of tests/test_inductor_lowering.py (run by ``spawn.spawn_ranks``)."""
+
+from __future__ import annotations
+
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp, trace_host_path
+
+
+def randn(*shape, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str) -> None:
+    """One rank of :func:`test_ranks_trace_the_exchange`: its slice of a
+    packing whose second document crosses every boundary (R = 3: rank 1 is a
+    middle rank, M travels), eager and traced (aot_eager). A replayed
+    boundary runs c1 / c2 again in the backward."""
+    T, H_qk, HV, K, V = 150, 1, 2, 16, 16
+    ctx = build_kcp_context([0, 20, T])
+    lo, hi = ctx.rank_ranges[rank]
+    local = [x[:, lo:hi] for x in (randn(1, T, H_qk, K, seed=3), randn(1, T, H_qk, K, seed=4),
+                                    randn(1, T, HV, V, seed=5), -randn(1, T, HV, seed=6).abs(),
+                                    randn(1, T, HV, seed=7).sigmoid())]
+    options = OptionsKcp(exchange=exchange, boundary_mode=boundary_mode, use_qk_l2norm=True)
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def fn(q, k, v, g, b):
+        return gdn_kcp(q, k, v, g, b, ctx, options=options)[0]
+
+    def run(f):
+        leaves = [x.clone().requires_grad_() for x in local]
+        o = f(*leaves)
+        w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)
+        return [o.detach(), *torch.autograd.grad((o * w).sum(), leaves)]
+
+    eager = run(fn)
+    torch._dynamo.reset()
+    with trace_host_path():
+        got = run(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)))
+    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, exchange, i, float((a - b).abs().max()))
+    assert len(graphs) == 2
+    for gm, kind in zip(graphs, ("forward", "backward")):
+        calls = [(str(n.target), [str(a) for a in n.args]) for n in gm.graph.nodes if n.op == "call_function"]
+        exchanges = sum(target.endswith("with_effects") and "gdn_kcp.all_to_all" in args[1] for target, args in calls)
+        opaque = [x for target, args in calls for x in (target, *args) if "gdn_kcp.fwd" in x or "gdn_kcp.bwd" in x]
+        if exchange == "a2a":  # forward c1 + c2; backward b1 + b2, after c1 + c2 again if replayed
+            assert exchanges == (2 if kind == "forward" or boundary_mode == "saved" else 4), (rank, kind, exchanges)
+            assert not opaque, (rank, opaque)
+        else:  # the ring's sends stay in the opaque ops
+            assert not exchanges and opaque, (rank, kind)
