@@ -56,3 +56,41 @@ def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str) -> None:
             assert not opaque, (rank, opaque)
         else:  # the ring's sends stay in the opaque ops
             assert not exchanges and opaque, (rank, kind)
+
+
+def traced_layer_ranks(rank: int, R: int) -> None:
+    """One rank of :func:`test_layer_traces_over_ranks`: FLA's layer with a KCP
+    context (3 ranks, one of a single token: the halo reaches two ranks back),
+    eager and traced (aot_eager), outputs and every gradient."""
+    from layer_kcp_cases import LAYER_CASES, make_layer
+
+    bounds, ranges = LAYER_CASES[R][0]
+    layer = make_layer()
+    x = randn(1, bounds[-1], 32, seed=1)
+    ctx = build_kcp_context(list(bounds), rank_ranges=list(ranges))
+    start, end = ctx.rank_ranges[rank]
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def run(f):
+        leaf = x[:, start:end].clone().requires_grad_()
+        o = f(leaf)
+        w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)
+        return [o.detach(), *torch.autograd.grad((o * w).sum(), [leaf, *layer.parameters()])]
+
+    def fn(x):
+        return layer(x, kcp_context=ctx)[0]
+
+    eager = run(fn)
+    torch._dynamo.reset()
+    with trace_host_path():
+        got = run(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)))
+    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, i, float((a - b).abs().max()))
+    names = {str(n.args[1]) if str(n.target).endswith("with_effects") else str(n.target)
+             for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert "gdn_kcp.all_to_all.default" in names and "gdn_kcp.halo_shift.default" in names, (rank, names)
+    assert not [n for n in names if "gdn_kcp.fwd" in n or "gdn_kcp.bwd" in n], rank

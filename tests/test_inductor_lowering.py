@@ -189,3 +189,13 @@ def test_ranks_trace_the_exchange(exchange, R, boundary_mode):
     from spawn import spawn_ranks
 
     spawn_ranks(R, traced_ranks, exchange, boundary_mode)
+
+
+def test_layer_traces_over_ranks():
+    """FLA's layer under KCP (3 gloo ranks, one holding a single token) inside
+    ``trace_host_path``: every rank's outputs and gradients equal eager; the
+    graphs hold the ordered exchanges and the halo's ops, no gdn_kcp::fwd / bwd."""
+    from lowering_cases import traced_layer_ranks
+    from spawn import spawn_ranks
+
+    spawn_ranks(3, traced_layer_ranks)
