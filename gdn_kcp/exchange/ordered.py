@@ -4,16 +4,16 @@ Under torch.compile with R > 1 every rank traces its own graph (its fragments
 decide what it sends and uses), and the graph passes place a node by what
 depends on it. Tried with functional collectives (``_c10d_functional``), that
 broke the group: AOT autograd dropped, on the rank nothing crosses into, the
-forward's c2 whose result it does not use; moved its b1, whose send does not
-depend on the backward's inputs, into the forward; and under Inductor the
-joint graph's CSE folded the replayed c1 / c2 of the backward into the
-forward's on one rank but not the other. Each time the ranks' collectives
-stopped matching and the group hung. An op registered as an ordered effect
-is never dropped, merged, recomputed or moved across the forward / backward
-split, and keeps its order among the call's effects: the same exchanges, in
-the same order, in the same graph, on every rank. The price: Inductor runs it
-as an extern call that returns when the data has arrived, so it cannot sink
-the wait below other work (``schedule="overlap"`` is not built).
+forward's c2 whose result it does not use, and moved its b1, whose send does
+not depend on the backward's inputs, into the forward. An order token chained
+through the collectives fixed that under aot_eager; under Inductor the ranks'
+exchanges still stopped matching (cause not pinned down). Each time the group
+hung. An op registered as an ordered effect is never dropped, merged,
+recomputed or moved across the forward / backward split, and keeps its order
+among the call's effects: the same exchanges, in the same order, in the same
+graph, on every rank. The price: Inductor runs it as an extern call that
+returns when the data has arrived, so it cannot sink the wait below other work
+(``schedule="overlap"`` is not built).
 """
 
 from __future__ import annotations
