@@ -6,7 +6,8 @@ pointers the kernel stores to (``compile_specs.WRITES``), never an input or
 an index table; a traced forward and backward (the FLA-style entry with
 every in-kernel option, and ``gdn_kcp`` with two segments) launches every
 program as a ``triton_kernel_wrapper_functional`` that clones only what it
-writes, calls no opaque ``gdn_kcp`` op, and writes none of its inputs."""
+writes, calls no opaque ``gdn_kcp`` op, and writes none of its inputs; and
+Inductor's plan of that step stays within the byte queries."""
 
 from __future__ import annotations
 
@@ -59,3 +60,19 @@ def test_traced_step_launches_every_program_and_clones_only_outputs(report):
         assert seg_forward[kernel] >= 1, seg_forward
     for kernel in ("adjoint_segment_summary_kernel", "compose_adjoints_kernel"):
         assert seg_backward[kernel] >= 1, seg_backward
+
+
+def test_inductor_plans_the_pools_within_the_queries(report):
+    """Inductor's output code for the FLA-style step (Triton programs, captured,
+    not run): one launch per program, no opaque op, and the peak of the
+    buffers it allocates within the byte queries: the forward's within its
+    workspace, o and the index tables it builds, the backward's within its
+    workspace and the gradients (measured: the forward's workspace plus the
+    108 B of index tables, o in w's freed pool; the backward's workspace
+    exactly)."""
+    plan = report["inductor_plan"]
+    assert plan["launches"] == [sum(FLA_FORWARD.values()), sum(FLA_BACKWARD.values())], plan["launches"]
+    assert plan["gdn_kcp_ops"] == [[], []], plan["gdn_kcp_ops"]
+    forward, backward = plan["planned_peak"]
+    assert 0 < forward <= plan["workspace"][0] + plan["o_bytes"] + plan["index_bytes"], plan
+    assert 0 < backward <= plan["workspace"][1] + plan["grad_bytes"], plan

@@ -20,9 +20,15 @@ inputs does not partition. This module checks it on the CPU:
   target for the analysis (:func:`hopper_analysis`); returns every launch of
   both graphs with what it clones.
 
-``tests/test_traced_triton.py`` holds both to :data:`.compile_specs.WRITES`.
-Nothing runs a kernel: what the launches compute is the interpreter tests' and
-the GPU check's business.
+- :func:`inductor_plan`: the same FLA-style step compiled by Inductor (its
+  output code is captured where it would be loaded, never run), the peak of
+  the buffers its code allocates (:func:`planned_peak`) beside the byte
+  queries.
+
+``tests/test_traced_triton.py`` holds the first two to
+:data:`.compile_specs.WRITES` and the third to the queries. Nothing runs a
+kernel: what the launches compute is the interpreter tests' and the GPU
+check's business.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
+import types
 from collections.abc import Iterator
 
 import torch
@@ -170,10 +178,138 @@ def traced_step(T: int = 70, H_qk: int = 1, HV: int = 2, K: int = 32, V: int = 3
     return facts
 
 
+_ITEM_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
+               "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _storage_bytes(shape: str, stride: str, item: int) -> int:
+    sizes, strides = (tuple(int(x) for x in re.findall(r"-?\d+", t)) for t in (shape, stride))
+    if any(n == 0 for n in sizes):
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(sizes, strides))) * item
+
+
+def planned_peak(code: str) -> int:
+    """The most bytes the buffers of Inductor's output ``code`` hold at once:
+    ``empty_strided_*`` allocates, ``# reuse`` and ``reinterpret_tensor`` /
+    plain assignment alias, ``del`` frees a buffer once no alias is left. A
+    buffer an extern call returns is sized from its ``assert_size_stride`` at
+    8 bytes an element (an upper bound; only small index buffers here).
+    Graph inputs are not counted; outputs stay held to the end."""
+    body = code[code.index("def call("):]
+    storage: dict[str, int] = {}  # buffer name -> storage id
+    size: dict[int, int] = {}
+    held = top = 0
+    for line in body.splitlines():
+        line = line.strip()
+        if line.startswith("return "):
+            break
+        made = re.match(r"(buf\d+) = empty_strided_\w+\((\(.*?\)), (\(.*?\)), torch\.(\w+)\)", line)
+        alias = re.match(r"(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)\b", line)
+        extern = re.match(r"(buf\d+) = (?:torch\.ops\.|extern_kernels\.)", line)
+        checked = re.match(r"assert_size_stride\((buf\d+), (\(.*?\)), (\(.*?\))", line)
+        if made:
+            storage[made.group(1)] = len(size)
+            size[len(size)] = _storage_bytes(made.group(2), made.group(3), _ITEM_BYTES[made.group(4)])
+            held += size[storage[made.group(1)]]
+        elif alias and alias.group(2) in storage:
+            storage[alias.group(1)] = storage[alias.group(2)]
+        elif extern:
+            storage[extern.group(1)] = len(size)
+            size[len(size)] = 0
+        elif checked and checked.group(1) in storage and size[storage[checked.group(1)]] == 0:
+            sid = storage[checked.group(1)]
+            size[sid] = _storage_bytes(checked.group(2), checked.group(3), 8)
+            held += size[sid]
+        for name in re.findall(r"\bdel (buf\d+)", line):
+            sid = storage.pop(name, None)
+            if sid is not None and sid not in storage.values():
+                held -= size[sid]
+        top = max(top, held)
+    return top
+
+
+@contextlib.contextmanager
+def _captured_output_code(codes: list[str]) -> Iterator[None]:
+    """Inductor's output modules go to ``codes`` instead of being loaded (their
+    Triton kernels would need a GPU); calling one raises. The backward is
+    compiled with the forward."""
+    from torch._inductor import codecache
+
+    def capture(cls, key, path, *args, **kwargs):
+        with open(path) as source:
+            codes.append(source.read())
+
+        def call(*call_args, **call_kwargs):
+            raise _Captured
+
+        return types.SimpleNamespace(call=call, benchmark_compiled_module=None, __file__=path)
+
+    load = codecache.PyCodeCache.__dict__["load_by_key_path"]
+    codecache.PyCodeCache.load_by_key_path = classmethod(capture)
+    try:
+        with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+                torch._inductor.config.patch(fx_graph_cache=False):
+            yield
+    finally:
+        codecache.PyCodeCache.load_by_key_path = load
+
+
+class _Captured(Exception):
+    """Raised by a captured module's ``call``: the compile is over."""
+
+
+def inductor_plan(T: int = 256, H_qk: int = 1, HV: int = 2, K: int = 64, V: int = 64) -> dict:
+    """Inductor's output code for a forward and backward of the FLA-style
+    entry (two documents in a capped ``cu_seqlens``, bf16, in-kernel norm,
+    Triton programs, fake tensors): its launches, any opaque gdn_kcp op, the
+    peak of each graph's buffers, and the byte queries of the same call (the
+    workspace of each call, o, the gradients, the index tables)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gdn_kcp import OptionsKcp, chunk_gated_delta_rule, gdn_workspace_bytes_kcp, trace_host_path
+    from gdn_kcp.context.builders import capped_context
+    from gdn_kcp.context.sms import device_sms
+    from gdn_kcp.host.programs import use_programs
+
+    bounds = [0, T * 2 // 5, T]
+
+    def fla(q, k, v, g, b, cu):
+        return chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+
+    codes: list[str] = []
+    torch._dynamo.reset()
+    with hopper_analysis(), use_programs("cpu", "triton"), FakeTensorMode(allow_non_fake_inputs=True), \
+            _captured_output_code(codes), trace_host_path():
+        leaf = dict(dtype=torch.bfloat16, requires_grad=True)
+        q, k = torch.randn(1, T, H_qk, K, **leaf), torch.randn(1, T, H_qk, K, **leaf)
+        v, g, b = torch.randn(1, T, HV, V, **leaf), torch.randn(1, T, HV, **leaf), torch.randn(1, T, HV, **leaf)
+        try:
+            torch.compile(fla, fullgraph=True)(q, k, v, g, b, torch.tensor(bounds))
+        except Exception as error:  # the captured forward raises when it is called
+            if not isinstance(error, _Captured) and "_Captured" not in repr(error):
+                raise
+    if len(codes) != 2:
+        raise RuntimeError(f"expected a forward and a backward output module, captured {len(codes)}")
+    ctx = capped_context(torch.tensor(bounds), [(0, T)], 0, n_sms=device_sms("cpu"))
+    options = OptionsKcp(use_qk_l2norm=True)
+    workspace = {call: gdn_workspace_bytes_kcp(ctx, H_qk, HV, K, V, dtype=torch.bfloat16, options=options,
+                                               call=call) for call in ("fwd", "bwd")}
+    return {
+        "launches": [code.count(".run(") for code in codes],
+        "gdn_kcp_ops": [sorted(set(re.findall(r"torch\.ops\.gdn_kcp\.\w+", code))) for code in codes],
+        "planned_peak": [planned_peak(code) for code in codes],
+        "workspace": [workspace["fwd"], workspace["bwd"]],
+        "o_bytes": T * HV * V * 2,
+        "grad_bytes": (2 * T * H_qk * K + T * HV * V + 2 * T * HV) * 2,
+        "index_bytes": ctx.index.chunk_table.nbytes + ctx.index.frag_table.nbytes,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
-    print(json.dumps({"kernel_writes": kernel_writes(), "graphs": traced_step()}))
+    print(json.dumps({"kernel_writes": kernel_writes(), "graphs": traced_step(), "inductor_plan": inductor_plan()}))
 
 
 if __name__ == "__main__":
