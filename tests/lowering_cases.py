@@ -13,18 +13,19 @@ def randn(*shape, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str) -> None:
+def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str, more: dict) -> None:
     """One rank of :func:`test_ranks_trace_the_exchange`: its slice of a
     packing whose second document crosses every boundary (R = 3: rank 1 is a
     middle rank, M travels), eager and traced (aot_eager). A replayed
-    boundary runs c1 / c2 again in the backward."""
+    boundary runs c1 / c2 again in the backward; ``more``: further options
+    (save_transfer)."""
     T, H_qk, HV, K, V = 150, 1, 2, 16, 16
     ctx = build_kcp_context([0, 20, T])
     lo, hi = ctx.rank_ranges[rank]
     local = [x[:, lo:hi] for x in (randn(1, T, H_qk, K, seed=3), randn(1, T, H_qk, K, seed=4),
                                     randn(1, T, HV, V, seed=5), -randn(1, T, HV, seed=6).abs(),
                                     randn(1, T, HV, seed=7).sigmoid())]
-    options = OptionsKcp(exchange=exchange, boundary_mode=boundary_mode, use_qk_l2norm=True)
+    options = OptionsKcp(exchange=exchange, boundary_mode=boundary_mode, use_qk_l2norm=True, **more)
     graphs = []
 
     def keep(gm, example_inputs):

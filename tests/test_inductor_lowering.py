@@ -177,18 +177,22 @@ def test_one_traced_graph_serves_every_packing():
     assert graphs == {"fw": 1, "bw": 1}, graphs
 
 
-@pytest.mark.parametrize("exchange, R, boundary_mode", [("a2a", 3, "saved"), ("a2a", 2, "replay"), ("ring", 2, "saved")])
-def test_ranks_trace_the_exchange(exchange, R, boundary_mode):
+@pytest.mark.parametrize("exchange, R, boundary_mode, more", [
+    ("a2a", 3, "saved", {}), ("a2a", 3, "saved", {"save_transfer": True}),
+    ("a2a", 2, "replay", {}), ("ring", 2, "saved", {}),
+])
+def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     """KCP under the traced host path, on gloo ranks: with the all-to-all
     exchange each rank's graphs hold its exchanges as ordered effects
     (``gdn_kcp::all_to_all``: two in the forward, two in the backward and
-    two more with a replayed boundary, on every rank) and no opaque
+    two more with a replayed boundary, on every rank; also with the owners'
+    M kept, save_transfer) and no opaque
     gdn_kcp::fwd / bwd; the ring keeps the opaque ops. Outputs and gradients
     equal eager on every rank."""
     from lowering_cases import traced_ranks
     from spawn import spawn_ranks
 
-    spawn_ranks(R, traced_ranks, exchange, boundary_mode)
+    spawn_ranks(R, traced_ranks, exchange, boundary_mode, more)
 
 
 def test_layer_traces_over_ranks():

@@ -27,11 +27,12 @@ from gdn_kcp.context.from_meta import group_from_name
 
 @torch.library.custom_op("gdn_kcp::all_to_all", mutates_args=())
 def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_name: str) -> Tensor:
-    """``send`` (1-D) split by ``sends`` to the ranks of ``group_name``; returns
-    what arrives, 1-D, split by ``recvs``."""
+    """``send`` (1-D) split by ``sends`` to the ranks of ``group_name`` (empty:
+    the default group, as a context built without a group); returns what
+    arrives, 1-D, split by ``recvs``."""
     received = send.new_empty(sum(recvs))
     dist.all_to_all_single(received, send, output_split_sizes=recvs, input_split_sizes=sends,
-                           group=group_from_name(group_name))
+                           group=group_from_name(group_name) if group_name else None)
     return received
 
 

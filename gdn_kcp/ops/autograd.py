@@ -92,8 +92,9 @@ def traces_host_path(meta: tuple, workspace, options: str) -> bool:
     """True when the call runs the ops' bodies in traced code: under
     ``torch.compile`` inside :func:`trace_host_path`, with no caller-held
     workspace (whose bytes the opaque op carves), on one rank or with the
-    all-to-all exchange (functional collectives; the ring's point-to-point
-    sends stay in the opaque ops)."""
+    all-to-all exchange (each exchange an ordered ``gdn_kcp::all_to_all``,
+    :mod:`gdn_kcp.exchange.ordered`; the ring's point-to-point sends stay in
+    the opaque ops)."""
     one_rank_or_a2a = meta[0] == 1 or (ORDERED and "exchange=a2a" in options.split(";"))
     return TRACE_HOST_PATH and torch.compiler.is_compiling() and workspace is None and one_rank_or_a2a
 

@@ -91,7 +91,10 @@ def _argument(kernel_name: str, name: str):
 
 
 def kernel_writes(K: int = 128, V: int = 128) -> dict[str, list[str]]:
-    """Kernel (compile-spec name) -> the arguments torch's analysis counts as written."""
+    """Kernel (compile-spec name) -> the arguments torch's analysis counts as
+    written; also ``"<kernel>[every store]"``, the plain spec with every
+    ``HAS_*`` flag on (a store the specs leave off, such as compose_adjoints'
+    ``out``, is analysed there)."""
     from torch._higher_order_ops.triton_kernel_wrap import get_mutated_tensors, kernel_side_table
 
     out = {}
@@ -99,8 +102,13 @@ def kernel_writes(K: int = 128, V: int = 128) -> dict[str, list[str]]:
         for name, kernel, constexprs in kernels(K, V):
             unset = {p.name: True for p in kernel.params if p.is_constexpr and p.name not in constexprs}
             args = {p.name: _argument(name, p.name) for p in kernel.params if not p.is_constexpr}
-            out[name] = get_mutated_tensors(kernel_side_table.add_kernel(kernel),
-                                            kernel_side_table.add_constant_args({**unset, **constexprs}), args, {})
+            configs = {name: {**unset, **constexprs}}
+            if "[" not in name:
+                stores = {p.name: True for p in kernel.params if p.is_constexpr and p.name.startswith("HAS_")}
+                configs[name + "[every store]"] = {**unset, **constexprs, **stores}
+            for label, config in configs.items():
+                out[label] = get_mutated_tensors(kernel_side_table.add_kernel(kernel),
+                                                 kernel_side_table.add_constant_args(config), args, {})
     return out
 
 
@@ -116,15 +124,35 @@ def _launches(gm: torch.fx.GraphModule) -> list[dict]:
     return rows
 
 
+def _written_inputs(gm: torch.fx.GraphModule) -> list[str]:
+    """``kernel:argument`` of every launch that clones (writes) a tensor sharing
+    storage with a graph input (an input, a saved tensor, a tangent, or a
+    view of one), by the fake tensors' storages."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    def storage(node):
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        return StorageWeakRef(value.untyped_storage()) if isinstance(value, torch.Tensor) else None
+
+    inputs = {storage(n) for n in gm.graph.nodes if n.op == "placeholder"} - {None}
+    out = []
+    for node in gm.graph.nodes:
+        if node.target is torch.ops.higher_order.triton_kernel_wrapper_functional:
+            kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+            for name in node.kwargs["tensors_to_clone"]:
+                if storage(node.kwargs["kwargs"][name]) in inputs:
+                    out.append(f"{getattr(kernel, 'fn', kernel).__name__}:{name}")
+    return sorted(out)
+
+
 def _graph_facts(kind: str, gm: torch.fx.GraphModule) -> dict:
-    """Launches, gdn_kcp ops still called, and inputs the graph writes (``copy_`` into a placeholder)."""
-    placeholders = {node for node in gm.graph.nodes if node.op == "placeholder"}
+    """Launches, gdn_kcp ops still called, and inputs a launch writes."""
     return {
         "graph": kind,
         "launches": _launches(gm),
         "gdn_kcp_ops": sorted({str(n.target) for n in gm.graph.nodes if "gdn_kcp" in str(n.target)}),
-        "written_inputs": sorted(n.args[0].name for n in gm.graph.nodes
-                                 if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders),
+        "written_inputs": _written_inputs(gm),
     }
 
 
@@ -191,40 +219,50 @@ def _storage_bytes(shape: str, stride: str, item: int) -> int:
 
 def planned_peak(code: str) -> int:
     """The most bytes the buffers of Inductor's output ``code`` hold at once:
-    ``empty_strided_*`` allocates, ``# reuse`` and ``reinterpret_tensor`` /
-    plain assignment alias, ``del`` frees a buffer once no alias is left. A
-    buffer an extern call returns is sized from its ``assert_size_stride`` at
-    8 bytes an element (an upper bound; only small index buffers here).
-    Graph inputs are not counted; outputs stay held to the end."""
+    ``empty_strided_*`` allocates; ``reinterpret_tensor(bufM, ...)`` and
+    ``bufM`` alias (``# reuse`` included); ``del`` frees a buffer once no alias
+    is left. A buffer an extern call returns (``torch.ops.*``,
+    ``extern_kernels.*``, or item ``bufM[i]`` of one) is sized from its
+    ``assert_size_stride`` at 8 bytes an element (an upper bound; only small
+    index buffers here). Any other assignment to a buffer raises. Graph
+    inputs are not counted; outputs stay held to the end."""
     body = code[code.index("def call("):]
     storage: dict[str, int] = {}  # buffer name -> storage id
-    size: dict[int, int] = {}
+    size: list[int] = []
+    unsized: set[int] = set()
     held = top = 0
     for line in body.splitlines():
         line = line.strip()
         if line.startswith("return "):
             break
         made = re.match(r"(buf\d+) = empty_strided_\w+\((\(.*?\)), (\(.*?\)), torch\.(\w+)\)", line)
-        alias = re.match(r"(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)\b", line)
-        extern = re.match(r"(buf\d+) = (?:torch\.ops\.|extern_kernels\.)", line)
+        alias = re.match(r"(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)(?:\)|,|;|$|\s)", line)
+        extern = re.match(r"(buf\d+) = (?:torch\.ops\.|extern_kernels\.|buf\d+\[\d+\])", line)
         checked = re.match(r"assert_size_stride\((buf\d+), (\(.*?\)), (\(.*?\))", line)
         if made:
             storage[made.group(1)] = len(size)
-            size[len(size)] = _storage_bytes(made.group(2), made.group(3), _ITEM_BYTES[made.group(4)])
-            held += size[storage[made.group(1)]]
-        elif alias and alias.group(2) in storage:
+            size.append(_storage_bytes(made.group(2), made.group(3), _ITEM_BYTES[made.group(4)]))
+            held += size[-1]
+        elif alias:
+            if alias.group(2) not in storage:
+                raise ValueError(f"alias of an unknown buffer: {line!r}")
             storage[alias.group(1)] = storage[alias.group(2)]
         elif extern:
             storage[extern.group(1)] = len(size)
-            size[len(size)] = 0
-        elif checked and checked.group(1) in storage and size[storage[checked.group(1)]] == 0:
+            unsized.add(len(size))
+            size.append(0)
+        elif re.match(r"buf\d+ = ", line):
+            raise ValueError(f"unrecognised buffer assignment: {line!r}")
+        elif checked and storage.get(checked.group(1)) in unsized:
             sid = storage[checked.group(1)]
+            unsized.discard(sid)
             size[sid] = _storage_bytes(checked.group(2), checked.group(3), 8)
             held += size[sid]
-        for name in re.findall(r"\bdel (buf\d+)", line):
-            sid = storage.pop(name, None)
-            if sid is not None and sid not in storage.values():
-                held -= size[sid]
+        for names in re.findall(r"\bdel ((?:buf\d+)(?:, buf\d+)*)", line):
+            for name in names.split(", "):
+                sid = storage.pop(name, None)
+                if sid is not None and sid not in storage.values():
+                    held -= size[sid]
         top = max(top, held)
     return top
 
