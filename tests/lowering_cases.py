@@ -18,8 +18,9 @@ def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str, more: dic
     packing whose second document crosses every boundary (R = 3: rank 1 is a
     middle rank, M travels), eager and traced (aot_eager). A replayed
     boundary runs c1 / c2 again in the backward; ``more``: further options
-    (save_transfer)."""
-    T, H_qk, HV, K, V = 150, 1, 2, 16, 16
+    (save_transfer, segments; with segments the stream is 400 tokens, so
+    that each rank's fragments span several chunks)."""
+    T, H_qk, HV, K, V = 400 if more.get("segments", 1) > 1 else 150, 1, 2, 16, 16
     ctx = build_kcp_context([0, 20, T])
     lo, hi = ctx.rank_ranges[rank]
     local = [x[:, lo:hi] for x in (randn(1, T, H_qk, K, seed=3), randn(1, T, H_qk, K, seed=4),

@@ -178,7 +178,7 @@ def test_one_traced_graph_serves_every_packing():
 
 
 @pytest.mark.parametrize("exchange, R, boundary_mode, more", [
-    ("a2a", 3, "saved", {}), ("a2a", 3, "saved", {"save_transfer": True}),
+    ("a2a", 3, "saved", {}), ("a2a", 3, "saved", {"save_transfer": True, "segments": 2}),
     ("a2a", 2, "replay", {}), ("ring", 2, "saved", {}),
 ])
 def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
@@ -186,7 +186,7 @@ def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     exchange each rank's graphs hold its exchanges as ordered effects
     (``gdn_kcp::all_to_all``: two in the forward, two in the backward and
     two more with a replayed boundary, on every rank; also with the owners'
-    M kept, save_transfer) and no opaque
+    M kept, save_transfer, and two segments per fragment) and no opaque
     gdn_kcp::fwd / bwd; the ring keeps the opaque ops. Outputs and gradients
     equal eager on every rank."""
     from lowering_cases import traced_ranks
