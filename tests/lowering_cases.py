@@ -9,8 +9,27 @@ from torch._dynamo.backends.common import aot_autograd
 from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp, trace_host_path
 
 
-def randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+def randn(*shape, dtype=torch.float64, seed=0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def traced_equals_eager(fn, run, where) -> list:
+    """``run(fn)`` eagerly and ``run`` of ``fn`` compiled in :func:`trace_host_path`
+    (aot_eager): every result equal within 1e-12; returns the forward and
+    backward graphs."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    eager = run(fn)
+    torch._dynamo.reset()
+    with trace_host_path():
+        got = run(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)))
+    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (where, i, float((a - b).abs().max()))
+    return graphs
 
 
 def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str, more: dict) -> None:
@@ -27,11 +46,6 @@ def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str, more: dic
                                     randn(1, T, HV, V, seed=5), -randn(1, T, HV, seed=6).abs(),
                                     randn(1, T, HV, seed=7).sigmoid())]
     options = OptionsKcp(exchange=exchange, boundary_mode=boundary_mode, use_qk_l2norm=True, **more)
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm)
 
     def fn(q, k, v, g, b):
         return gdn_kcp(q, k, v, g, b, ctx, options=options)[0]
@@ -42,12 +56,7 @@ def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str, more: dic
         w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)
         return [o.detach(), *torch.autograd.grad((o * w).sum(), leaves)]
 
-    eager = run(fn)
-    torch._dynamo.reset()
-    with trace_host_path():
-        got = run(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)))
-    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
-        assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, exchange, i, float((a - b).abs().max()))
+    graphs = traced_equals_eager(fn, run, (rank, exchange))
     assert len(graphs) == 2
     for gm, kind in zip(graphs, ("forward", "backward")):
         calls = [(str(n.target), [str(a) for a in n.args]) for n in gm.graph.nodes if n.op == "call_function"]
@@ -71,11 +80,6 @@ def traced_layer_ranks(rank: int, R: int) -> None:
     x = randn(1, bounds[-1], 32, seed=1)
     ctx = build_kcp_context(list(bounds), rank_ranges=list(ranges))
     start, end = ctx.rank_ranges[rank]
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm)
 
     def run(f):
         leaf = x[:, start:end].clone().requires_grad_()
@@ -86,12 +90,7 @@ def traced_layer_ranks(rank: int, R: int) -> None:
     def fn(x):
         return layer(x, kcp_context=ctx)[0]
 
-    eager = run(fn)
-    torch._dynamo.reset()
-    with trace_host_path():
-        got = run(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)))
-    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
-        assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, i, float((a - b).abs().max()))
+    graphs = traced_equals_eager(fn, run, rank)
     names = {str(n.args[1]) if str(n.target).endswith("with_effects") else str(n.target)
              for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
     assert "gdn_kcp.all_to_all.default" in names and "gdn_kcp.halo_shift.default" in names, (rank, names)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from doc_blocks import run_block
+from lowering_cases import randn, traced_layer_ranks, traced_ranks
 from torch._inductor.utils import run_and_get_code
 
 import gdn_kcp
@@ -94,10 +95,6 @@ def traced_aot_eager(fn, inputs, parameters=()):
 
 
 CU_CAPPED = torch.tensor([0, 30, 70, 70, 70])  # padded with zero-length documents: a capped context
-
-
-def randn(*shape, dtype=torch.float64, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # fp64: the tests above
@@ -189,7 +186,6 @@ def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     M kept, save_transfer, and two segments per fragment) and no opaque
     gdn_kcp::fwd / bwd; the ring keeps the opaque ops. Outputs and gradients
     equal eager on every rank."""
-    from lowering_cases import traced_ranks
     from spawn import spawn_ranks
 
     spawn_ranks(R, traced_ranks, exchange, boundary_mode, more)
@@ -199,7 +195,6 @@ def test_layer_traces_over_ranks():
     """FLA's layer under KCP (3 gloo ranks, one holding a single token) inside
     ``trace_host_path``: every rank's outputs and gradients equal eager; the
     graphs hold the ordered exchanges and the halo's ops, no gdn_kcp::fwd / bwd."""
-    from lowering_cases import traced_layer_ranks
     from spawn import spawn_ranks
 
     spawn_ranks(3, traced_layer_ranks)
