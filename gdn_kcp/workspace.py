@@ -132,16 +132,24 @@ class Arena:
 
 
 class Pools:
-    """The arena of a traced call (``torch.compile``): every pool is its own
-    ``torch.empty`` of the layout's shape and dtype, allocated where the host
-    path binds it, so Inductor sees each one and plans (reuses) them itself.
+    """The arena of a traced call: every pool is its own ``torch.empty`` of
+    the layout's shape and dtype, allocated where the host path binds it.
     Same interface as :class:`Arena`; the binds and releases are the host
-    path's, checked against the layout as there."""
+    path's, checked against the layout as there.
 
-    def __init__(self, call: str, pools: dict, device: torch.device) -> None:
+    Under ``torch.compile`` Inductor plans these buffers itself (by data
+    flow). Run eagerly (``trace_host_path()`` without compile, e.g. under a
+    FakeTensor ``MemTracker``), a release frees the pool's storage at once,
+    whatever views of it the host path still holds, so the pools held at
+    any moment are the layout's: their peak is ``CallLayout.tensor_bytes``.
+    With ``graph=True`` (``graph="replay"``) nothing is freed before
+    :meth:`close`, and a pool bound again is the same tensor, as in the arena."""
+
+    def __init__(self, call: str, pools: dict, device: torch.device, *, graph: bool = False) -> None:
         """``pools``: name -> spec (``shape``, ``dtype``) of the ``call``'s layout."""
-        self.call, self.pools, self.device = call, pools, device
+        self.call, self.pools, self.device, self.graph = call, pools, device, graph
         self.bound: set[str] = set()
+        self.tensors: dict[str, torch.Tensor] = {}
 
     def phase(self, name: str) -> None:
         pass
@@ -153,14 +161,26 @@ class Pools:
         if name in self.bound:
             raise RuntimeError(f"pool {name!r} is already bound")
         self.bound.add(name)
-        return torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+        if name not in self.tensors:
+            self.tensors[name] = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+        return self.tensors[name]
 
     def release(self, *names: str) -> None:
         for name in names:
             self.bound.remove(name)
+            if not self.graph:
+                self._free(self.tensors.pop(name))
 
     def close(self) -> None:
         self.bound.clear()
+        for tensor in self.tensors.values():
+            self._free(tensor)
+        self.tensors.clear()
+
+    @staticmethod
+    def _free(tensor: torch.Tensor) -> None:
+        if not torch.compiler.is_compiling():  # traced, the graph's data flow frees it
+            tensor.untyped_storage().resize_(0)
 
 
 class WorkspaceKcp:

@@ -24,6 +24,7 @@ from gdn_kcp.workspace import Arena
 from gdn_kcp.plan import segments_for
 
 from .programs import programs_for
+from gdn_kcp.ops.programs import PROGRAM_OPS
 from .segments import Segments, compose_starts, fold_summary, run_segment_summaries
 
 
@@ -86,6 +87,9 @@ class Call:
     gate_params: torch.Tensor | None = None
     beta_sigmoid: bool = False
     beta_scale: float = 1.0
+    as_ops: bool = False
+    """Run each program as its ``gdn_kcp::<program>`` op (the traced host
+    path, :mod:`gdn_kcp.ops.programs`) rather than calling it directly."""
 
     @property
     def gate(self) -> dict:
@@ -101,7 +105,10 @@ class Call:
 
     @property
     def programs(self):
-        """The program backend for the tensors of this call (see :mod:`.programs`)."""
+        """The program backend for the tensors of this call (see :mod:`.programs`),
+        or the programs' ops when :attr:`as_ops`."""
+        if self.as_ops:
+            return PROGRAM_OPS
         return programs_for(self.index.chunk_table.device)
 
     @property

@@ -3,10 +3,11 @@
 By default (eager and compiled) it allocates each call's workspace with
 ``torch.empty`` of the queried bytes, unless the caller holds a
 :class:`WorkspaceKcp`, and saves exactly what the forward op returns for the
-backward. Under ``torch.compile`` inside :func:`trace_host_path` (one rank, no
-held workspace) it runs the ops' bodies instead of the opaque ops: Dynamo
-traces the host path, each pool is its own ``torch.empty`` and every program
-is in the graph, for Inductor to plan and fuse.
+backward. Inside :func:`trace_host_path` (no held workspace; one rank or the
+all-to-all exchange) it runs the ops' bodies instead of the opaque ops: each
+pool is its own ``torch.empty`` and every program its own op
+(:mod:`gdn_kcp.ops.programs`); under ``torch.compile`` Dynamo traces that
+host path and Inductor plans and fuses it.
 """
 
 from __future__ import annotations
@@ -65,8 +66,12 @@ TRACE_HOST_PATH = False
 @contextlib.contextmanager
 def trace_host_path(enabled: bool = True) -> Iterator[None]:
     """Within the block, ``torch.compile`` traces the host path of the calls it
-    compiles (one rank, no held workspace) instead of keeping the opaque ops:
-    every program and pool is in the graph, for Inductor to plan and fuse.
+    compiles (no held workspace; one rank, or KCP with the all-to-all
+    exchange) instead of keeping the opaque ops: every program (its
+    ``gdn_kcp::<program>`` op) and pool is in the graph, for Inductor to plan
+    and fuse. Eager calls in the block run the same decomposition (a pool per
+    buffer, an op per program), so a FakeTensor ``MemTracker`` trace sees
+    the traced path's memory.
     Off by default: on the CPU, Inductor generates C++ for every program
     (about 2 minutes to compile a forward and backward at T = 70 on 2 cores,
     against seconds for the opaque ops). Dynamo guards the switch: calls
@@ -89,14 +94,16 @@ def trace_host_path(enabled: bool = True) -> Iterator[None]:
 
 
 def traces_host_path(meta: tuple, workspace, options: str) -> bool:
-    """True when the call runs the ops' bodies in traced code: under
-    ``torch.compile`` inside :func:`trace_host_path`, with no caller-held
-    workspace (whose bytes the opaque op carves), on one rank or with the
-    all-to-all exchange (each exchange an ordered ``gdn_kcp::all_to_all``,
+    """True when the call runs the ops' bodies over the per-program ops
+    (:mod:`gdn_kcp.ops.programs`) with a pool per buffer: inside
+    :func:`trace_host_path` (compiled, where Dynamo traces the host path, or
+    eager, e.g. a MemTracker trace of it), with no caller-held workspace
+    (whose bytes the opaque op carves), on one rank or with the all-to-all
+    exchange (each exchange an ordered ``gdn_kcp::all_to_all``,
     :mod:`gdn_kcp.exchange.ordered`; the ring's point-to-point sends stay in
     the opaque ops)."""
     one_rank_or_a2a = meta[0] == 1 or (ORDERED and "exchange=a2a" in options.split(";"))
-    return TRACE_HOST_PATH and torch.compiler.is_compiling() and workspace is None and one_rank_or_a2a
+    return TRACE_HOST_PATH and workspace is None and one_rank_or_a2a
 
 
 class GdnFunction(torch.autograd.Function):

@@ -73,12 +73,13 @@ def op_setup(q: Tensor, v: Tensor, workspace: Tensor | None, chunk_table, frag_t
     over ``workspace``; with None, :class:`Pools`), rebuilt from the op's arguments."""
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
     call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale,
-                gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale)
+                gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale, as_ops=workspace is None)
     dims = (tuple(meta), q.shape[1], call.HV, call.K, call.V, q.dtype, options, which)
     if workspace is None:
         saved, pools = traced_layouts(*dims)
         saved_layout = {name: TensorSpec(shape, dtype) for name, shape, dtype in saved}
-        arena = Pools(which, {name: TensorSpec(shape, dtype) for name, shape, dtype in pools}, q.device)
+        arena = Pools(which, {name: TensorSpec(shape, dtype) for name, shape, dtype in pools}, q.device,
+                      graph=call.options.graph == "replay")
     else:
         saved_layout, layout = call_layouts(*dims)
         arena = Arena(workspace, layout, graph=call.options.graph == "replay")

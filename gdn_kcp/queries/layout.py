@@ -58,6 +58,14 @@ class CallLayout:
     graph: bool
     events: tuple[tuple[str, str], ...] = field(repr=False)
 
+    @property
+    def tensor_bytes(self) -> int:
+        """The peak of the phases with each pool at its tensor's bytes (no
+        alignment): what the traced host path holds when each pool is its own
+        tensor (:class:`gdn_kcp.workspace.Pools`), at most :attr:`bytes`."""
+        sizes = {name: tensor_nbytes(spec.shape, spec.dtype) for name, spec in self.pools.items()}
+        return max(phase_peaks(self.events, sizes, self.graph).values(), default=0)
+
 
 @dataclass(frozen=True)
 class WorkspaceLayout:

@@ -15,6 +15,7 @@ import torch
 
 from ..chunk_index import CHUNK_SIZE, ChunkIndex
 from ..precision import mm
+from ..tracing import traced
 
 L2NORM_EPS = 1e-6
 """``x / sqrt(sum(x^2) + eps)``: the same eps as FLA's l2norm, so results agree."""
@@ -75,7 +76,7 @@ def put_rows(out: torch.Tensor, at: torch.Tensor, keep: torch.Tensor, src: torch
     (:func:`row_owners`) or keeps its value, a pass over all of ``out``;
     eager, the masked write, which touches the kept rows only (the walks call
     it once per step)."""
-    if not torch.compiler.is_compiling():
+    if not traced():
         out[at[keep]] = src[keep].to(out.dtype)
         return
     owner = row_owners(at, keep, out.shape[0])

@@ -12,10 +12,12 @@ import os
 
 import torch
 import triton
+from torch.library import wrap_triton
 import triton.language as tl
 
 from ..chunk_index import CHUNK_SIZE
 from ..precision import matmul_mode
+from ..tracing import traced
 
 BT = CHUNK_SIZE
 
@@ -57,7 +59,16 @@ def register_cap(max_registers: int) -> dict:
     and stages as launch options but would pass ``maxnreg`` on as a kernel
     argument (torch 2.13, ``triton_kernel_wrap.SPECIAL_CONFIG_NAMES``), so a
     traced launch compiles uncapped."""
-    return {} if torch.compiler.is_compiling() else {"maxnreg": max_registers}
+    return {} if traced() else {"maxnreg": max_registers}
+
+
+def launch(kernel):
+    """``kernel`` as a launch site calls it (``launch(kernel)[grid](...)``):
+    while traced (:mod:`gdn_kcp.kernels.tracing`), through
+    ``torch.library.wrap_triton``, so the launch becomes a
+    ``triton_kernel_wrapper`` node of the trace (a no-op on fake tensors);
+    on real tensors, the kernel itself (no dispatch on the hot path)."""
+    return wrap_triton(kernel) if traced() else kernel
 
 
 def pointer(x: torch.Tensor | None, spare: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, mm_mode, pointer, store_state_halves,
+from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, launch, mm_mode, pointer, store_state_halves,
                       value_block, walk_operands)
 from .adjoint_walk import adjoint_chunk
 
@@ -64,7 +64,7 @@ def adjoint_segment_summary(
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
     BV = value_block(V)
-    adjoint_segment_summary_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
+    launch(adjoint_segment_summary_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, load_state_halves, mm_mode, pointer,
+from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, launch, load_state_halves, mm_mode, pointer,
                       store_state_halves, value_block, walk_operands)
 from .adjoint_walk import adjoint_chunk
 
@@ -68,7 +68,7 @@ def adjoint_summary(
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
     BV = value_block(V)
-    adjoint_summary_kernel[(HV, triton.cdiv(V, BV))](
+    launch(adjoint_summary_kernel)[(HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, scale, index.n_chunks,
         index.n_frag, H_qk, HV, K, V,

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, dot, head_block, load_operand_cols,
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, dot, head_block, launch, load_operand_cols,
                       load_qk_cols, load_rows_cols, load_state_halves, mm_mode, operand, pointer, store_rows_cols,
                       store_state_halves, walk_block, walk_operands)
 
@@ -123,7 +123,7 @@ def adjoint_walk(
         return
     BV = walk_block(V)
     spare = dh_out
-    adjoint_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
+    launch(adjoint_walk_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table,
         pointer(d_final_state, spare), pointer(lam_out, spare), carry_in if has_carry else spare,

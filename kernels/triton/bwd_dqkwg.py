@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, load_gates, load_qk_cols,
+from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, launch, load_gates, load_qk_cols,
                       load_rows_cols, load_state_rows, mm_mode, pointer, store_rows_cols, store_scalars)
 
 
@@ -112,7 +112,7 @@ def bwd_dqkwg(
     HV, V = v_new.shape[1], v_new.shape[2]
     if index.n_chunks == 0:
         return
-    bwd_dqkwg_kernel[(index.n_chunks, HV)](
+    launch(bwd_dqkwg_kernel)[(index.n_chunks, HV)](
         q, k, g, pointer(gate_params, g), h, v_new, do, dh, dv_new, pointer(q_rstd, g),
         pointer(k_rstd, g), index.chunk_table, dq_out, dk_out, dw_out, dg_out, scale,
         index.n_chunks, H_qk, HV, K, V,

@@ -8,7 +8,7 @@ import triton.language as tl
 import triton
 
 from ..chunk_index import ChunkIndex
-from ._common import BT, acc_dtype, chunk_tokens, load_scalars, store_scalars
+from ._common import BT, acc_dtype, chunk_tokens, launch, load_scalars, store_scalars
 
 
 @triton.jit
@@ -24,6 +24,6 @@ def bwd_gate_cumsum(dgcum: torch.Tensor, index: ChunkIndex, *, dg_out: torch.Ten
     """See ``kernels.torch.bwd_gate_cumsum``."""
     if index.n_chunks == 0:
         return
-    bwd_gate_cumsum_kernel[(index.n_chunks, dgcum.shape[1])](
+    launch(bwd_gate_cumsum_kernel)[(index.n_chunks, dgcum.shape[1])](
         dgcum, dg_out, index.chunk_table, index.n_chunks, dgcum.shape[1], BT=BT, ACC=acc_dtype(dgcum)
     )

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_scores, chunk_tokens, dot, head_block, load_rows_cols, mm_mode, pointer,
-                      register_cap, store_rows_cols)
+from ._common import (BT, acc_dtype, chunk_scores, chunk_tokens, dot, head_block, launch, load_rows_cols, mm_mode,
+                      pointer, register_cap, store_rows_cols)
 
 
 NUM_WARPS = 4
@@ -71,7 +71,7 @@ def bwd_local_dv(
     if index.n_chunks == 0:
         return
     BV = min(BV_LOCAL_DV, head_block(V))
-    bwd_local_dv_kernel[(index.n_chunks, HV)](
+    launch(bwd_local_dv_kernel)[(index.n_chunks, HV)](
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BKS=min(BKS_LOCAL_DV, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,

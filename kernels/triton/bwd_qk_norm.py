@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import acc_dtype, head_block, load_rows_cols, load_scalars, store_rows_cols
+from ._common import acc_dtype, head_block, launch, load_rows_cols, load_scalars, store_rows_cols
 
 BT_NORM = 16
 """Tokens per program: an elementwise kernel; [64, 128] fp32 tiles took 255
@@ -48,7 +48,7 @@ def bwd_qk_norm(
     if T == 0:
         return
     for dy, x, rstd, out in ((dq_heads, q, q_rstd, dq_out), (dk_heads, k, k_rstd, dk_out)):
-        bwd_qk_norm_kernel[(triton.cdiv(T, BT_NORM), H_qk)](
+        launch(bwd_qk_norm_kernel)[(triton.cdiv(T, BT_NORM), H_qk)](
             dy, x, rstd if rstd is not None else dy, out, T, H_qk, dy.shape[1], K,
             BT=BT_NORM, BK=head_block(K), HAS_NORM=rstd is not None, ACC=acc_dtype(x),
         )

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, load_beta, load_gates, load_operand,
-                      load_qk_cols, load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols, store_scalars,
-                      value_block)
+from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, launch, load_beta, load_gates,
+                      load_operand, load_qk_cols, load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols,
+                      store_scalars, value_block)
 
 
 BKS_WY = 16
@@ -119,7 +119,7 @@ def bwd_wy(
     HV, V = v.shape[1], v.shape[2]
     if index.n_chunks == 0:
         return
-    bwd_wy_kernel[(index.n_chunks, HV)](
+    launch(bwd_wy_kernel)[(index.n_chunks, HV)](
         k, v, beta, g, pointer(gate_params, g), A, dw, du, pointer(k_rstd, g), index.chunk_table,
         dk_acc, dv_out, dbeta_out, dg_acc, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BKS=min(BKS_WY, head_block(K)), BV=min(BV_WY, value_block(V)),

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (acc_dtype, exact_product, frag_info, head_block, load_state, pointer, store_state,
+from ._common import (acc_dtype, exact_product, frag_info, head_block, launch, load_state, pointer, store_state,
                       store_state_strided, value_block)
 from .compose_segments import BKB_COMPOSE, BV_COMPOSE
 
@@ -84,7 +84,7 @@ def compose_adjoints(
     has_final = d_final_state is not None and d_final_state.shape[0] > 0
     first_only = end_out is None
     BV = min(BV_COMPOSE, value_block(V))
-    compose_adjoints_kernel[(1 if first_only else index.n_frag, HV, triton.cdiv(V, BV))](
+    launch(compose_adjoints_kernel)[(1 if first_only else index.n_frag, HV, triton.cdiv(V, BV))](
         nu, summary, index.frag_table, frag_rows, d_final_state if has_final else nu, pointer(lam, nu),
         pointer(end_out, nu), pointer(nu_out, nu),
         nu_out.stride(1) if nu_out is not None else 0, nu_out.stride(2) if nu_out is not None else 0,

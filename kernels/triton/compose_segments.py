@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (acc_dtype, exact_product, frag_info, head_block, last_real_fragment, load_state, load_state_cols,
-                      pointer, store_state, store_state_strided, value_block)
+from ._common import (acc_dtype, exact_product, frag_info, head_block, last_real_fragment, launch, load_state,
+                      load_state_cols, pointer, store_state, store_state_strided, value_block)
 from .summary_walk import BF
 
 BKB_COMPOSE = 16
@@ -124,7 +124,7 @@ def compose_segments(
         if out is None and last_only:
             continue
         BV = min(BV_COMPOSE, value_block(width))
-        compose_segments_kernel[(1 if last_only or is_m else index.n_frag, HV, triton.cdiv(width, BV))](
+        launch(compose_segments_kernel)[(1 if last_only or is_m else index.n_frag, HV, triton.cdiv(width, BV))](
             summary, index.frag_table, frag_rows, initial_state if has_initial else summary, pointer(s_in, summary),
             pointer(start_out, summary), pointer(final_state_out, summary), pointer(out, summary),
             out.stride(1) if out is not None else 0, out.stride(2) if out is not None else 0,

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, causal_segments, chunk_tokens, dot, head_block, load_gates, load_qk_cols,
+from ._common import (BT, acc_dtype, causal_segments, chunk_tokens, dot, head_block, launch, load_gates, load_qk_cols,
                       load_rows_cols, load_state_rows, lower_dot, mm_mode, operand, pointer, store_rows_cols)
 
 
@@ -85,7 +85,7 @@ def output(
     if index.n_chunks == 0:
         return
     BV = min(BV_OUTPUT, head_block(V))
-    output_kernel[(index.n_chunks, HV)](
+    launch(output_kernel)[(index.n_chunks, HV)](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
         BT=BT, BKS=min(BKS_OUTPUT, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,

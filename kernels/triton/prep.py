@@ -12,8 +12,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
-from ._common import (BT, acc_dtype, chunk_tokens, dot, head_block, load_beta, load_gates, load_operand, load_qk_cols,
-                      load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols, store_scalars)
+from ._common import (BT, acc_dtype, chunk_tokens, dot, head_block, launch, load_beta, load_gates, load_operand,
+                      load_qk_cols, load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols, store_scalars)
 from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
 from .wy_inverse import NUM_WARPS as INVERSE_WARPS
 
@@ -122,18 +122,18 @@ def prep(
         grid = (triton.cdiv(T, BT), H_qk)
         for x, out in ((q, q_rstd_out), (k, k_rstd_out)):
             if T:
-                l2_rstd_kernel[grid](x, out, T, H_qk, K, EPS=L2NORM_EPS, BT=BT, BD=head_block(K), ACC=ACC)
+                launch(l2_rstd_kernel)[grid](x, out, T, H_qk, K, EPS=L2NORM_EPS, BT=BT, BD=head_block(K), ACC=ACC)
     if index.n_chunks == 0:
         return
     grid = (index.n_chunks, HV)
     gate, k_rstd = pointer(gate_params, g), pointer(k_rstd_out, w_out)
     flags = dict(BT=BT, HAS_NORM=k_rstd_out is not None, GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid,
                  BETA_SCALE=float(beta_scale), ACC=ACC, MM=mm_mode(k))
-    wy_inverse_kernel[grid](
+    launch(wy_inverse_kernel)[grid](
         k, g, gate, beta, index.chunk_table, k_rstd, A_out, index.n_chunks, H_qk, HV, K,
         BKS=min(BKS_INVERSE, head_block(K)), **flags, num_warps=INVERSE_WARPS,
     )
-    prep_kernel[grid](
+    launch(prep_kernel)[grid](
         k, v, g, gate, beta, index.chunk_table, A_out, w_out, u_out, k_rstd, index.n_chunks, H_qk, HV, K, V,
         BK=min(BK_WU, head_block(K)), BV=min(BV_WU, head_block(V)), **flags, num_warps=NUM_WARPS,
         **register_cap(MAX_REGISTERS),

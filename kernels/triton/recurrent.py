@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..torch._chunks import L2NORM_EPS
-from ._common import acc_dtype, cast_to, pointer, softplus
+from ._common import acc_dtype, cast_to, launch, pointer, softplus
 from .short_conv import conv_silu
 
 # [BK, 8] state columns at 2 warps: no spill at K = 128 (113 registers) or 256 (184), where
@@ -103,7 +103,7 @@ def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *
         return
     sigmoid, beta_scale = beta_mode
     # documents on axis 0 (up to 2^31 - 1 programs; axis 1 stops at 65,535)
-    recurrent_kernel[(N * HV, triton.cdiv(V, BV_RECURRENT))](
+    launch(recurrent_kernel)[(N * HV, triton.cdiv(V, BV_RECURRENT))](
         q, k, v, g, beta, pointer(gate_params, state_out), doc_bounds, pointer(initial_state, state_out), state_out,
         o_out, scale, q.shape[1], HV, K, V, state_out, state_out, state_out, state_out, 0,
         BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None, BETA_SIGMOID=sigmoid,
@@ -121,7 +121,7 @@ def decode_step(qkv, conv_state, weight, bias, g, beta, gate_params, initial_sta
         return
     sigmoid, beta_scale = beta_mode
     doc_bounds = torch.arange(N + 1, dtype=torch.int64, device=qkv.device)  # one token per row
-    recurrent_kernel[(N * HV, triton.cdiv(V, BV_RECURRENT))](
+    launch(recurrent_kernel)[(N * HV, triton.cdiv(V, BV_RECURRENT))](
         qkv, qkv, qkv, g, beta, pointer(gate_params, state_out), doc_bounds, pointer(initial_state, state_out),
         state_out, o_out, scale, H_qk, HV, K, V, conv_state, weight, pointer(bias, weight), conv_state_out,
         qkv.shape[1], BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None,

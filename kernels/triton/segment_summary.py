@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, mm_mode, pointer, state_chunk,
-                      store_state_halves, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, launch, mm_mode, pointer,
+                      state_chunk, store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -75,7 +75,7 @@ def segment_summary(
     HV = w.shape[1]
     V = summary_out.shape[-1] - K
     BV = walk_block(V + K)
-    segment_summary_kernel[(index.n_frag, HV, triton.cdiv(V + K, BV))](
+    launch(segment_summary_kernel)[(index.n_frag, HV, triton.cdiv(V + K, BV))](
         k, w, pointer(u, w), g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
         summary_out, index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_U=u is not None,

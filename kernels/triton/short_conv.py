@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..precision import accumulator_dtype
-from ._common import acc_dtype, cast_to, pointer
+from ._common import acc_dtype, cast_to, launch, pointer
 
 BT_CONV = 32
 BD_CONV = 64  # 128 channels took 168 registers and spilled 2,552 B per thread in the dx backward (sm_90)
@@ -132,7 +132,7 @@ def short_conv_fwd(x, weight, bias, reach, halo, *, y_out: torch.Tensor) -> None
         return
     W = weight.shape[1]
     grid = (triton.cdiv(T, BT_CONV), triton.cdiv(D, BD_CONV))
-    short_conv_fwd_kernel[grid](
+    launch(short_conv_fwd_kernel)[grid](
         x, weight, pointer(bias, weight), reach, pointer(halo, x), y_out, T, D,
         W=W, HAS_BIAS=bias is not None, HAS_HALO=halo is not None, BT=BT_CONV, BD=BD_CONV, ACC=acc_dtype(x),
     )
@@ -146,12 +146,12 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
                  ACC=acc_dtype(x))
     args = (x, weight, pointer(bias, weight), reach, pointer(halo, x), dy)
     grid = (triton.cdiv(T + W - 1, BT_CONV), triton.cdiv(D, BD_CONV))
-    short_conv_bwd_dx_kernel[grid](*args, dx_out, pointer(dhalo_out, dx_out), T, D, **flags)
+    launch(short_conv_bwd_dx_kernel)[grid](*args, dx_out, pointer(dhalo_out, dx_out), T, D, **flags)
     programs = max(1, triton.cdiv(T, BT_CONV * DW_BLOCKS))
     cdt = accumulator_dtype(x.dtype)
     dw_part = torch.empty(programs, D, W, dtype=cdt, device=x.device)
     db_part = torch.empty(programs, D, dtype=cdt, device=x.device) if bias is not None else dw_part
-    short_conv_bwd_dw_kernel[(programs, triton.cdiv(D, BD_CONV))](
+    launch(short_conv_bwd_dw_kernel)[(programs, triton.cdiv(D, BD_CONV))](
         *args, dw_part, db_part, T, D, BLOCKS=DW_BLOCKS, **flags)
     dweight_out.copy_(dw_part.sum(0))
     if dbias_out is not None:
@@ -197,7 +197,7 @@ def conv_step(x, state, weight, bias, *, y_out: torch.Tensor, state_out: torch.T
     N, D = x.shape
     if N == 0:
         return
-    conv_step_kernel[(N, triton.cdiv(D, BD_STEP))](
+    launch(conv_step_kernel)[(N, triton.cdiv(D, BD_STEP))](
         x, state, weight, pointer(bias, weight), y_out, state_out, D, W=weight.shape[1], HAS_BIAS=bias is not None,
         BD=BD_STEP, ACC=acc_dtype(x),
     )

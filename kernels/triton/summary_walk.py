@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, last_real_fragment,
+from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, last_real_fragment, launch,
                       load_state_halves, mm_mode, pointer, state_chunk, store_state_strided, walk_block, walk_operands)
 
 BF = tl.constexpr(64)
@@ -86,7 +86,7 @@ def summary_walk(
         if out is None:
             continue
         BV = walk_block(width)
-        summary_walk_kernel[(HV, triton.cdiv(width, BV))](
+        launch(summary_walk_kernel)[(HV, triton.cdiv(width, BV))](
             k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
             initial_state if has_initial else g, out, out.stride(1), out.stride(2),
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, frag_info, head_block, load_state_halves,
-                      mm_mode, pointer, state_chunk, store_state_halves, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, frag_info, head_block, launch,
+                      load_state_halves, mm_mode, pointer, state_chunk, store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -82,7 +82,7 @@ def tape_walk(
     if index.n_frag == 0:
         return
     BV = walk_block(V)
-    tape_walk_kernel[(index.n_frag, HV, triton.cdiv(V, BV))](
+    launch(tape_walk_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
         pointer(initial_state, h_out), pointer(s_in, h_out), carry_in if has_carry else h_out,
         h_out, v_new_out, pointer(final_state_out, h_out),
