@@ -82,6 +82,15 @@ def op_signature(program) -> inspect.Signature:
     return inspect.Signature(parameters, return_annotation=None)
 
 
+def wrap_triton_enabled() -> bool:
+    """True in an op body run on fake or functional tensors: triton_op's
+    eager backend turns ``wrap_triton`` off around the body, the fake kernel
+    and AOT autograd's decomposition leave it on. (A torch without the
+    switch traces every launch, eager ones too: correct, slower.)"""
+    enabled = getattr(torch._library.triton, "is_wrap_triton_enabled", None)
+    return True if enabled is None else enabled()
+
+
 def define_program_op(name: str):
     """``gdn_kcp::<name>`` and the caller the host path uses: the program's own
     signature (keywords and defaults), every argument passed to the op in order."""
@@ -93,8 +102,7 @@ def define_program_op(name: str):
     keywords = [p.name for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
 
     def body(*args) -> None:
-        # Fake and functional runs leave wrap_triton on; the eager backend turns it off.
-        with tracing(torch._library.triton.is_wrap_triton_enabled()):
+        with tracing(wrap_triton_enabled()):
             if at is not None:
                 args = (*args[:at], ChunkIndex(*args[at:at + fields]), *args[at + fields:])
             device = next(x for x in args if isinstance(x, torch.Tensor)).device
