@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
 EXCHANGES = ("a2a", "ring")
+SCHEDULES = ("serial", "overlap")
 SAVE_MODES = ("light", "full")
 BOUNDARY_MODES = ("saved", "replay")
 GRAPH_MODES = ("off", "replay")
@@ -45,6 +46,13 @@ class OptionsKcp:
     exchange: ``"a2a"`` (owner slices, per rank one summary out and one state
         in, whatever R) or ``"ring"`` (state passed along each chain; no M on the
         wire, but the ranks of a long document wait on one another).
+    schedule: ``"serial"`` runs each exchange where its result is needed
+        next; ``"overlap"`` (a2a) lets the backward's b2 all-to-all run under
+        the tape walk it recomputes (light save mode): b1 and b2 are issued
+        before that walk and b2 is waited for after it, which keeps ``dv``'s
+        local pool and b2's buffers bound across the walk (the byte queries
+        say what that costs). Without a recomputed walk (``save_mode="full"``)
+        or an exchange it changes nothing.
     segments: intra-rank segments P (docs/kcp.md, "Intra-rank segments"): each fragment of more
         than ``ceil(n / P)`` chunks (n: the rank's longest fragment) is walked
         as segments in parallel and composed (:mod:`gdn_kcp.kernels.segments`).
@@ -74,6 +82,7 @@ class OptionsKcp:
     save_for_backward: bool = True
     graph: str = "off"
     exchange: str = "a2a"
+    schedule: str = "serial"
     segments: int | None = None
     use_qk_l2norm: bool = False
     with_conv: bool = False
@@ -87,6 +96,7 @@ class OptionsKcp:
         _check_bool("save_for_backward", self.save_for_backward)
         _check_choice("graph", self.graph, GRAPH_MODES)
         _check_choice("exchange", self.exchange, EXCHANGES)
+        _check_choice("schedule", self.schedule, SCHEDULES)
         _check_bool("use_qk_l2norm", self.use_qk_l2norm)
         if self.segments is not None and (isinstance(self.segments, bool) or not isinstance(self.segments, int)
                                           or not 1 <= self.segments <= MAX_SEGMENTS):
@@ -112,6 +122,9 @@ class OptionsKcp:
             )
         if self.save_transfer and self.exchange == "ring":
             raise ValueError("save_transfer=True keeps the M slices of c1, but exchange='ring' sends no M")
+        if self.schedule == "overlap" and self.exchange == "ring":
+            raise ValueError("schedule='overlap' issues the all-to-all b2 ahead of the walk it overlaps, but "
+                             "exchange='ring' passes states point to point: use exchange='a2a'")
         # What the ops take, computed once: torch.compile then reads a constant.
         object.__setattr__(self, "op_arg", options_to_str(self))
 
@@ -146,9 +159,15 @@ def save_plan(options: OptionsKcp) -> SavePlan:
     )
 
 
+def overlaps_b2(options: OptionsKcp) -> bool:
+    """The backward issues b2 before the tape walk it recomputes and waits
+    after it (``schedule="overlap"`` with a recomputed walk)."""
+    return options.schedule == "overlap" and not save_plan(options).keeps_tapes
+
+
 OPTION_NAMES = (
     "deterministic", "save_mode", "boundary_mode", "save_transfer", "save_for_backward", "graph", "exchange",
-    "segments", "use_qk_l2norm", "with_conv", "conv_size",
+    "schedule", "segments", "use_qk_l2norm", "with_conv", "conv_size",
 )
 
 

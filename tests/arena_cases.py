@@ -24,6 +24,7 @@ FIELDS = dict(
     save_for_backward=(True, False),
     graph=("off", "replay"),
     exchange=("a2a", "ring"),
+    schedule=("serial", "overlap"),
     use_qk_l2norm=(False, True),
 )
 

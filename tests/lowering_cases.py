@@ -60,13 +60,21 @@ def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str, more: dic
     assert len(graphs) == 2
     for gm, kind in zip(graphs, ("forward", "backward")):
         calls = [(str(n.target), [str(a) for a in n.args]) for n in gm.graph.nodes if n.op == "call_function"]
-        exchanges = sum(target.endswith("with_effects") and "gdn_kcp.all_to_all" in args[1] for target, args in calls)
+        effects = [args[1] for target, args in calls if target.endswith("with_effects")]
+        started = [i for i, (target, args) in enumerate(calls) if "all_to_all_start" in "".join(args)]
+        waited = [i for i, (target, args) in enumerate(calls) if "all_to_all_wait" in "".join(args)]
+        exchanges = effects.count("gdn_kcp.all_to_all.default") + len(started)
         opaque = [x for target, args in calls for x in (target, *args) if "gdn_kcp.fwd" in x or "gdn_kcp.bwd" in x]
         if exchange == "a2a":  # forward c1 + c2; backward b1 + b2, after c1 + c2 again if replayed
             assert exchanges == (2 if kind == "forward" or boundary_mode == "saved" else 4), (rank, kind, exchanges)
             assert not opaque, (rank, opaque)
         else:  # the ring's sends stay in the opaque ops
             assert not exchanges and opaque, (rank, kind)
+        overlapped = kind == "backward" and more.get("schedule") == "overlap"
+        assert len(started) == len(waited) == int(overlapped), (rank, kind, started, waited)
+        if overlapped:  # b2 is issued before the recomputed tape walk and waited for after it
+            between = [target for target, _ in calls[started[0] + 1 : waited[0]] if target.startswith("aten.")]
+            assert len(between) > 20 and any("bmm" in t or "mm" in t for t in between), (rank, between)
 
 
 def traced_layer_ranks(rank: int, R: int) -> None:
@@ -95,3 +103,42 @@ def traced_layer_ranks(rank: int, R: int) -> None:
              for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
     assert "gdn_kcp.all_to_all.default" in names and "gdn_kcp.halo_shift.default" in names, (rank, names)
     assert not [n for n in names if "gdn_kcp.fwd" in n or "gdn_kcp.bwd" in n], rank
+
+
+def overlap_in_output_code(rank: int, R: int) -> None:
+    """One rank of ``test_inductor_overlaps_b2_with_the_walk``: gdn_kcp with
+    ``schedule="overlap"`` compiled by Inductor in :func:`trace_host_path`.
+    The backward's output code issues b2 (``all_to_all_start``), runs the
+    recomputed tape walk's kernels, then waits (``all_to_all_wait``); outputs
+    and gradients equal eager within 1e-12 (fp64)."""
+    from torch._inductor.utils import run_and_get_code
+
+    T, H_qk, HV, K, V = 300, 1, 2, 16, 16  # every rank walks fragments of several chunks
+    ctx = build_kcp_context([0, 20, T])
+    lo, hi = ctx.rank_ranges[rank]
+    local = [x[:, lo:hi] for x in (randn(1, T, H_qk, K, seed=3), randn(1, T, H_qk, K, seed=4),
+                                    randn(1, T, HV, V, seed=5), -randn(1, T, HV, seed=6).abs(),
+                                    randn(1, T, HV, seed=7).sigmoid())]
+    # A replayed boundary: the recomputed walk depends on the replayed c2, so it stays in the backward
+    # (with a saved one the CPU's recompute is the forward's, and AOT autograd merges the two).
+    options = OptionsKcp(schedule="overlap", boundary_mode="replay", use_qk_l2norm=True)
+
+    def run(f):
+        leaves = [x.clone().requires_grad_() for x in local]
+        o = f(*leaves, ctx, options=options)[0]
+        w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)
+        return [o.detach(), *torch.autograd.grad((o * w).sum(), leaves)]
+
+    eager = run(gdn_kcp)
+    torch._dynamo.reset()
+    with trace_host_path():
+        got, codes = run_and_get_code(run, torch.compile(gdn_kcp, fullgraph=True))
+    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, i, float((a - b).abs().max()))
+    backward = [code for code in codes if "all_to_all_start" in code]
+    assert len(backward) == 1, (rank, len(codes))
+    calls = [line.strip() for line in backward[0].splitlines() if "(" in line and "def " not in line]
+    start = next(i for i, line in enumerate(calls) if "gdn_kcp.all_to_all_start" in line)
+    wait = next(i for i, line in enumerate(calls) if "gdn_kcp.all_to_all_wait" in line)
+    kernels = [line for line in calls[start + 1 : wait] if line.startswith(("cpp_fused", "extern_kernels.bmm"))]
+    assert start < wait and len(kernels) >= 10, (rank, start, wait, kernels)

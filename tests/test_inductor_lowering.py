@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from doc_blocks import run_block
-from lowering_cases import randn, traced_layer_ranks, traced_ranks
+from lowering_cases import overlap_in_output_code, randn, traced_layer_ranks, traced_ranks
 from torch._inductor.utils import run_and_get_code
 
 import gdn_kcp
@@ -176,7 +176,7 @@ def test_one_traced_graph_serves_every_packing():
 
 @pytest.mark.parametrize("exchange, R, boundary_mode, more", [
     ("a2a", 3, "saved", {}), ("a2a", 3, "saved", {"save_transfer": True, "segments": 2}),
-    ("a2a", 2, "replay", {}), ("ring", 2, "saved", {}),
+    ("a2a", 2, "replay", {}), ("ring", 2, "saved", {}), ("a2a", 3, "saved", {"schedule": "overlap"}),
 ])
 def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     """KCP under the traced host path, on gloo ranks: with the all-to-all
@@ -184,8 +184,10 @@ def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     (``gdn_kcp::all_to_all``: two in the forward, two in the backward and
     two more with a replayed boundary, on every rank; also with the owners'
     M kept, save_transfer, and two segments per fragment) and no opaque
-    gdn_kcp::fwd / bwd; the ring keeps the opaque ops. Outputs and gradients
-    equal eager on every rank."""
+    gdn_kcp::fwd / bwd; the ring keeps the opaque ops. With
+    ``schedule="overlap"`` the backward's b2 is an ordered start and wait
+    with the recomputed tape walk's products between them. Outputs and
+    gradients equal eager on every rank."""
     from spawn import spawn_ranks
 
     spawn_ranks(R, traced_ranks, exchange, boundary_mode, more)
@@ -198,3 +200,13 @@ def test_layer_traces_over_ranks():
     from spawn import spawn_ranks
 
     spawn_ranks(3, traced_layer_ranks)
+
+
+def test_inductor_overlaps_b2_with_the_walk():
+    """``schedule="overlap"`` compiled by Inductor on 2 gloo ranks (replayed
+    boundary): in each rank's backward output code b2 is issued, the
+    recomputed tape walk's kernels run, then b2 is waited for; outputs and
+    gradients equal eager within 1e-12. About 50 s."""
+    from spawn import spawn_ranks
+
+    spawn_ranks(2, overlap_in_output_code)

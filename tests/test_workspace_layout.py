@@ -105,6 +105,8 @@ def test_fp64_doubles_and_det_twin_matches():
         (dict(save_mode="full", boundary_mode="replay"), r"save_mode='full' .* boundary_mode='replay' has nothing"),
         (dict(save_for_backward=False), r"boundary_mode='saved' keeps S_in .* save_for_backward=False"),
         (dict(save_transfer=True, exchange="ring"), r"save_transfer=True .* exchange='ring' sends no M"),
+        (dict(schedule="overlap", exchange="ring"), r"schedule='overlap' .* exchange='ring' .* use exchange='a2a'"),
+        (dict(schedule="eager"), r"OptionsKcp.schedule must be one of \('serial', 'overlap'\), got 'eager'"),
         (dict(graph="cuda"), r"OptionsKcp.graph must be one of \('off', 'replay'\), got 'cuda'"),
         (dict(save_mode="heavy"), r"OptionsKcp.save_mode must be one of \('light', 'full'\), got 'heavy'"),
         (dict(deterministic="yes"), r"OptionsKcp.deterministic must be a bool, got 'yes'"),

@@ -20,19 +20,72 @@ from gdn_kcp.options import OptionsKcp
 from gdn_kcp.queries.comm import a2a_split_elements
 
 from .counting import count
-from .ordered import ordered_all_to_all
+from .ordered import all_to_all_issued, all_to_all_start, all_to_all_wait, ordered_all_to_all
 
 
-def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs) -> None:
+def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs, buffers) -> None:
     """``send`` to the group, ``recv`` from it. Traced (torch.compile inside
     :func:`gdn_kcp.trace_host_path`): the ordered ``gdn_kcp::all_to_all``
-    (:mod:`.ordered`), copied into ``recv``."""
+    (:mod:`.ordered`), copied into ``recv``, after the call's previous
+    exchange by data (``buffers.last_exchange``)."""
     if torch.compiler.is_compiling():
-        recv.view(-1).copy_(ordered_all_to_all(send.reshape(-1), list(sends), list(recvs), ctx.group_name))
+        received = ordered_all_to_all(send.reshape(-1), list(sends), list(recvs), ctx.group_name,
+                                      buffers.last_exchange)
+        buffers.last_exchange = received
+        recv.view(-1).copy_(received)
         return
     dist.all_to_all_single(recv.view(-1), send.view(-1), output_split_sizes=recvs, input_split_sizes=sends,
                            group=ctx.group)
     count(name, [send], [recv])
+
+
+class InFlight:
+    """An all-to-all issued and not yet waited for (``schedule="overlap"``):
+    ``recv`` holds the data once :meth:`finish` has returned, and ``send``
+    must stay unchanged until then. Traced (torch.compile inside
+    :func:`gdn_kcp.trace_host_path`), the ordered ops of :mod:`.ordered`,
+    with the overlapped work fenced by data: it reads its index through
+    :meth:`fenced` and :meth:`finish` takes its output."""
+
+    def __init__(self, ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs, buffers,
+                 on_finish=None) -> None:
+        self.recv, self.send, self.recvs, self.on_finish = recv, send.reshape(-1), list(recvs), on_finish
+        self.buffers, self.handle, self.work = buffers, None, None
+        if torch.compiler.is_compiling():
+            self.handle = all_to_all_start(self.send, list(sends), self.recvs, ctx.group_name, buffers.last_exchange)
+        else:
+            self.work = dist.all_to_all_single(recv.view(-1), send.view(-1), output_split_sizes=recvs,
+                                               input_split_sizes=sends, group=ctx.group, async_op=True)
+            self.counted = (name, send, recv)
+
+    def fenced(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` for the overlapped work to read (traced: a copy after the issue)."""
+        return x if self.handle is None else all_to_all_issued(self.handle, x)
+
+    def finish(self, after: torch.Tensor) -> None:
+        """Wait (after the work whose output is ``after``), then ``on_finish``."""
+        if self.handle is not None:
+            received = all_to_all_wait(self.handle, self.send, self.recvs, after)
+            self.buffers.last_exchange = received
+            self.recv.view(-1).copy_(received)
+        else:
+            self.work.wait()
+            name, send, recv = self.counted
+            count(name, [send], [recv])
+        if self.on_finish is not None:
+            self.on_finish()
+
+
+class Done:
+    """An exchange already complete (``schedule="serial"``, the ring)."""
+
+    @staticmethod
+    def fenced(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def finish(after: torch.Tensor) -> None:
+        pass
 
 
 def _pack(ctx: KcpContext, send: torch.Tensor, parts: list[torch.Tensor], HV: int, K: int) -> None:
@@ -91,7 +144,7 @@ def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, 
             arena.release("summary")
             summary = None
     recv = arena.bind("c1_recv")
-    _all_to_all(ctx, "c1", recv, send, sends, recvs)
+    _all_to_all(ctx, "c1", recv, send, sends, recvs, buffers)
     arena.release("c1_send")
 
     arena.phase(f"{phase_call}.phase.c2")
@@ -117,17 +170,20 @@ def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, 
             target.copy_(block[..., :V])
     arena.release("c1_recv")
     s_in = buffers.take("s_in")
-    _all_to_all(ctx, "c2", s_in, c2_send, sends, recvs)
+    _all_to_all(ctx, "c2", s_in, c2_send, sends, recvs, buffers)
     arena.release("c2_send")
     return s_in, summary, kept_m if phase_call == "bwd" else None
 
 
 def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV: int, K: int, V: int,
-                 options: OptionsKcp) -> torch.Tensor:
+                 options: OptionsKcp, overlap: bool = False):
     """b1 and b2, after ``nu`` ``[1, HV, K, V]`` (None without a crossing-in
     fragment) is in its pool. ``m`` is this middle rank's own M ``[1, HV, K, K]``
     (sent again unless save_transfer); ``kept_m`` the owner's M slices
-    (save_transfer). Returns ``lambda_end`` ``[n_out, s_pad, K, V]``."""
+    (save_transfer). Returns ``(lambda_end, b2)``: ``lambda_end``
+    ``[n_out, s_pad, K, V]`` holds its data once ``b2.finish(after)`` has
+    returned: with ``overlap`` b2 is only issued here (:class:`InFlight`;
+    its finish releases b2's send pool), else it is :class:`Done`."""
     arena, s_owner = buffers.arena, ctx.owner_heads(HV)
     st = options.save_transfer
     arena.phase("bwd.phase.b1")
@@ -139,7 +195,7 @@ def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV:
     if replayed and ctx.rank_middle[ctx.rank] and not st:
         arena.release("summary")
     recv = arena.bind("b1_recv")
-    _all_to_all(ctx, "b1", recv, send, sends, recvs)
+    _all_to_all(ctx, "b1", recv, send, sends, recvs, buffers)
     arena.release("b1_send")
 
     arena.phase("bwd.phase.b2")
@@ -162,6 +218,8 @@ def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV:
     if st and replayed:
         arena.release("kept_m")
     lam = arena.bind("lam")
-    _all_to_all(ctx, "b2", lam, b2_send, sends, recvs_b2)
-    arena.release("b2_send")
-    return lam
+    if not overlap:
+        _all_to_all(ctx, "b2", lam, b2_send, sends, recvs_b2, buffers)
+        arena.release("b2_send")
+        return lam, Done()
+    return lam, InFlight(ctx, "b2", lam, b2_send, sends, recvs_b2, buffers, on_finish=lambda: arena.release("b2_send"))

@@ -12,11 +12,26 @@ hung. An op registered as an ordered effect is never dropped, merged,
 recomputed or moved across the forward / backward split, and keeps its order
 among the call's effects: the same exchanges, in the same order, in the same
 graph, on every rank. The price: Inductor runs it as an extern call that
-returns when the data has arrived, so it cannot sink the wait below other work
-(``schedule="overlap"`` is not built).
+returns when the data has arrived. For ``schedule="overlap"`` the exchange
+is split in two ordered effects, ``gdn_kcp::all_to_all_start`` (issues it,
+returns a handle) and ``gdn_kcp::all_to_all_wait`` (waits, returns what
+arrived).
+
+Effects alone did not hold the order under Inductor (2 gloo ranks,
+replayed boundary, ``schedule="overlap"``): the graph it got had the
+replayed c2 of the first rank, whose result that rank does not use, after
+b1 and b2's start, while the other rank ran them in order, and the group
+failed ("Received data size doesn't match"); and the recomputed walk was
+hoisted above b1, leaving start and wait adjacent. So order is also data:
+every exchange of a call takes the previous one's result (``after``), the
+overlapped work reads a table through ``gdn_kcp::all_to_all_issued`` (a copy
+that depends on the handle: after the issue) and the wait takes that work's
+output (``after``: before the wait).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -26,10 +41,12 @@ from gdn_kcp.context.from_meta import group_from_name
 
 
 @torch.library.custom_op("gdn_kcp::all_to_all", mutates_args=())
-def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_name: str) -> Tensor:
+def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_name: str,
+                       after: Tensor | None = None) -> Tensor:
     """``send`` (1-D) split by ``sends`` to the ranks of ``group_name`` (empty:
     the default group, as a context built without a group); returns what
-    arrives, 1-D, split by ``recvs``."""
+    arrives, 1-D, split by ``recvs``. ``after``: what the call's previous
+    exchange returned (read by no one here: this exchange runs after it)."""
     received = send.new_empty(sum(recvs))
     dist.all_to_all_single(received, send, output_split_sizes=recvs, input_split_sizes=sends,
                            group=group_from_name(group_name) if group_name else None)
@@ -37,29 +54,81 @@ def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_n
 
 
 @ordered_all_to_all.register_fake
-def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str) -> Tensor:
+def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, after: Tensor | None = None) -> Tensor:
     return send.new_empty(sum(recvs))
 
 
-def _register_ordered() -> bool:
-    """Register the op as an ordered effect: ``CustomOpDef.register_effect``
+_IN_FLIGHT: dict[int, tuple[dist.Work, Tensor]] = {}
+"""Exchanges issued by ``all_to_all_start`` and not yet waited for, by handle."""
+_HANDLES = itertools.count()
+
+
+@torch.library.custom_op("gdn_kcp::all_to_all_start", mutates_args=())
+def all_to_all_start(send: Tensor, sends: list[int], recvs: list[int], group_name: str,
+                     after: Tensor | None = None) -> Tensor:
+    """Issues :func:`ordered_all_to_all` without waiting; returns its handle
+    (an int64 CPU tensor of one element) for ``all_to_all_wait``."""
+    received = send.new_empty(sum(recvs))
+    work = dist.all_to_all_single(received, send, output_split_sizes=recvs, input_split_sizes=sends,
+                                  group=group_from_name(group_name) if group_name else None, async_op=True)
+    handle = next(_HANDLES)
+    _IN_FLIGHT[handle] = (work, received)
+    return torch.tensor([handle], dtype=torch.int64)
+
+
+@all_to_all_start.register_fake
+def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, after: Tensor | None = None) -> Tensor:
+    return torch.empty(1, dtype=torch.int64)
+
+
+@torch.library.custom_op("gdn_kcp::all_to_all_issued", mutates_args=())
+def all_to_all_issued(handle: Tensor, x: Tensor) -> Tensor:
+    """A copy of ``x`` (a small index table) that depends on ``handle``: work
+    that reads it runs after the exchange was issued."""
+    return x.clone()
+
+
+@all_to_all_issued.register_fake
+def _(handle: Tensor, x: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("gdn_kcp::all_to_all_wait", mutates_args=())
+def all_to_all_wait(handle: Tensor, send: Tensor, recvs: list[int], after: Tensor) -> Tensor:
+    """Waits for the exchange of ``handle`` and returns what arrived (1-D).
+    ``send`` is the buffer it was issued from: taking it keeps the buffer
+    alive, unchanged, until the exchange has read it. ``after``: output of
+    the work the exchange overlaps (read by no one here: the wait runs after
+    that work)."""
+    work, received = _IN_FLIGHT.pop(int(handle.item()))
+    work.wait()
+    return received
+
+
+@all_to_all_wait.register_fake
+def _(handle: Tensor, send: Tensor, recvs: list[int], after: Tensor) -> Tensor:
+    return send.new_empty(sum(recvs))
+
+
+def _register_ordered(op) -> bool:
+    """Register ``op`` as an ordered effect: ``CustomOpDef.register_effect``
     (torch 2.13), else the older private registry; False when neither exists
     (then KCP keeps the opaque ops under :func:`gdn_kcp.trace_host_path`)."""
     try:
         from torch._library.effects import EffectType
 
-        ordered_all_to_all.register_effect(EffectType.ORDERED)
+        op.register_effect(EffectType.ORDERED)
         return True
     except (ImportError, AttributeError):
         pass
     try:
         from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
 
-        _register_effectful_op(torch.ops.gdn_kcp.all_to_all.default, _EffectType.ORDERED)
+        _register_effectful_op(op._opoverload, _EffectType.ORDERED)
         return True
     except (ImportError, AttributeError):
         return False
 
 
-ORDERED = _register_ordered()
+ORDERED = all([_register_ordered(op) for op in (ordered_all_to_all, all_to_all_start, all_to_all_wait)])
 """Whether the exchange is an ordered effect in this torch (KCP traces only then)."""

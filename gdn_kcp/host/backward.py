@@ -6,13 +6,14 @@ The pool order here is what :mod:`gdn_kcp.queries.schedule` models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.exchange import backward_a2a, backward_ring
-from gdn_kcp.options import save_plan
+from gdn_kcp.exchange.a2a import Done
+from gdn_kcp.options import overlaps_b2, save_plan
 
 from .forward import Buffers, Call, ForwardTapes, run_forward_exchange, run_prep, run_tape_walk
 from .segments import Segments, compose_ends, compose_starts, fold_nu, run_segment_nu, run_segment_summaries
@@ -30,10 +31,12 @@ class Grads:
 
 
 def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
-                          replayed, d_final_state, seg: Segments | None):
+                          replayed, d_final_state, seg: Segments | None, overlap: bool):
     """Adjoint summary of the crossing-in fragment (with segments: the fold of
-    its segments' nu), then b1/b2 (or the ring). Returns the end adjoint of the
-    crossing-out fragment as it arrived."""
+    its segments' nu), then b1/b2 (or the ring). Returns ``(lam, b2)``: the
+    end adjoint of the crossing-out fragment, as it arrived once
+    ``b2.finish(after)`` has returned (``overlap``: b2 is in flight until then,
+    :class:`gdn_kcp.exchange.a2a.InFlight`)."""
     ctx, arena = call.ctx, buffers.arena
     arena.phase("bwd.phase.nu")
     nu = None
@@ -47,9 +50,12 @@ def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes
             scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, d_final_state=d_final_state, nu_out=nu,
             **call.gate,
         )
-    exchange = backward_a2a if call.options.exchange == "a2a" else backward_ring
-    return exchange(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
-                    options=call.options)
+    if call.options.exchange == "ring":
+        lam = backward_ring(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
+                            options=call.options)
+        return lam, Done()
+    return backward_a2a(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
+                        options=call.options, overlap=overlap)
 
 
 def host_backward(
@@ -75,7 +81,9 @@ def host_backward(
     ctx, arena = call.ctx, buffers.arena
     exchanges = ctx.exchanges
     replayed = exchanges and plan.replays_boundary
+    overlap = exchanges and overlaps_b2(call.options)  # b2 runs under the recomputed tape walk
     summary = kept_m = None
+    s_in = seg = None
     if plan.keeps_tapes:
         tapes = ForwardTapes(
             A=saved["A"], w=saved["w"], v_new=saved["v_new"],
@@ -93,13 +101,22 @@ def host_backward(
         if seg is not None:
             compose_starts(call, seg, buffers, phase_call="bwd", initial_state=initial_state, s_in=s_in,
                            final_state_out=None)
+
+    def recompute_walk(fenced=Done.fenced) -> None:
+        """The light backward's tape walk: h and v_new again (reading its
+        index tables through ``fenced``: after an overlapped exchange's issue)."""
         arena.phase("bwd.phase.walk")
+        index = seg.tables.walk if seg is not None else call.index
         run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None,
-                      seg=seg)
+                      seg=seg, index=replace(index, chunk_table=fenced(index.chunk_table),
+                                             frag_table=fenced(index.frag_table)))
         if replayed and s_in is not None:
             arena.release("s_in")
         if seg is not None:
             arena.release("seg_start")
+
+    if not plan.keeps_tapes and not overlap:
+        recompute_walk()
 
     HV, K, V = call.HV, call.K, call.V
     qk_norms = dict(q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd)
@@ -110,10 +127,13 @@ def host_backward(
     lam = None
     if exchanges:
         own_m = summary[..., V:] if summary is not None else saved.get("m")
-        lam = run_backward_exchange(
+        lam, b2 = run_backward_exchange(
             q, k, g, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
-            replayed=replayed, d_final_state=d_final_state, seg=seg,
+            replayed=replayed, d_final_state=d_final_state, seg=seg, overlap=overlap,
         )
+        if overlap:
+            recompute_walk(b2.fenced)
+        b2.finish(after=tapes.h)
     compose_ends(call, seg, buffers, d_final_state=d_final_state, lam=lam)
 
     arena.phase("bwd.phase.adjoint_walk")

@@ -54,6 +54,7 @@ class Buffers:
     ) -> None:
         self.arena, self.saved_layout, self.device, self.saving = arena, saved_layout, device, saving
         self.saved: dict[str, torch.Tensor] = {}
+        self.last_exchange: torch.Tensor | None = None  # traced: what the call's last exchange returned
 
     def keeps(self, name: str) -> bool:
         """True when the forward saves ``name`` (in the backward: when it was saved)."""
@@ -142,12 +143,16 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
 
 
 def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out,
-                  seg: Segments | None):
+                  seg: Segments | None, index: ChunkIndex | None = None):
     """Program #2: binds h; rewrites the u in ``tapes.v_new`` as v_new. With
-    segments it walks the segmented index from the carry plane (phase 3)."""
+    segments it walks the segmented index from the carry plane (phase 3).
+    ``index``: that index, when the caller passes it (fenced, see
+    :class:`gdn_kcp.exchange.a2a.InFlight`)."""
     tapes.h = buffers.take("h")
+    if index is None:
+        index = seg.tables.walk if seg else call.index
     call.programs.tape_walk(
-        k, tapes.w, tapes.v_new, g, seg.tables.walk if seg else call.index,
+        k, tapes.w, tapes.v_new, g, index,
         k_rstd=tapes.k_rstd, initial_state=initial_state,
         s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
         h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,

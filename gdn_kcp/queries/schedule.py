@@ -8,7 +8,7 @@ the same bytes at every phase, call and pool, at tolerance 0.
 
 from __future__ import annotations
 
-from gdn_kcp.options import save_plan
+from gdn_kcp.options import overlaps_b2, save_plan
 
 from .shapes import Dims, norm_tapes
 
@@ -62,8 +62,10 @@ def _forward_exchange(ev: Events, d: Dims, call: str) -> None:
             ev.release("summary")
 
 
-def _backward_exchange(ev: Events, d: Dims) -> None:
-    """Adjoint summary and b1/b2 (ring: b1 only)."""
+def _backward_exchange(ev: Events, d: Dims, overlapped=None) -> None:
+    """Adjoint summary and b1/b2 (ring: b1 only). ``overlapped``: the events
+    of the work b2 runs under (``schedule="overlap"``), between its issue and
+    its wait (which releases b2's send pool)."""
     held_summary = save_plan(d.options).replays_boundary and d.mid and not d.options.save_transfer
     ev.phase("bwd.phase.nu")
     if d.n_in:
@@ -83,6 +85,8 @@ def _backward_exchange(ev: Events, d: Dims) -> None:
         if save_plan(d.options).replays_boundary and d.options.save_transfer:
             ev.release("kept_m")
         ev.bind("lam")
+        if overlapped is not None:
+            overlapped()
         ev.release("b2_send")
     else:
         if d.n_out:
@@ -142,6 +146,16 @@ def _compose_starts(ev: Events, d: Dims, call: str) -> None:
 def backward_events(d: Dims) -> Events:
     ev = Events()
     plan = save_plan(d.options)
+    overlap = d.ctx.exchanges and overlaps_b2(d.options)
+
+    def recompute_walk() -> None:
+        ev.phase("bwd.phase.walk")
+        ev.bind("h")
+        if d.ctx.exchanges and plan.replays_boundary and (d.a2a or d.n_in):
+            ev.release("s_in")
+        if d.segmented:
+            ev.release("seg_start")
+
     if not plan.keeps_tapes:
         ev.phase("bwd.phase.prep")
         ev.bind("A", "w", "v_new", *norm_tapes(d.options))
@@ -149,12 +163,8 @@ def backward_events(d: Dims) -> Events:
         if d.ctx.exchanges and plan.replays_boundary:
             _forward_exchange(ev, d, "bwd")
         _compose_starts(ev, d, "bwd")
-        ev.phase("bwd.phase.walk")
-        ev.bind("h")
-        if d.ctx.exchanges and plan.replays_boundary and (d.a2a or d.n_in):
-            ev.release("s_in")
-        if d.segmented:
-            ev.release("seg_start")
+        if not overlap:
+            recompute_walk()
     else:
         _segment_summaries(ev, d, "bwd")
     ev.phase("bwd.phase.local_dv")
@@ -163,7 +173,7 @@ def backward_events(d: Dims) -> Events:
         ev.phase("bwd.phase.segment_nu")
         ev.bind("seg_nu")
     if d.ctx.exchanges:
-        _backward_exchange(ev, d)
+        _backward_exchange(ev, d, recompute_walk if overlap else None)
     if d.segmented:
         ev.phase("bwd.phase.compose_adjoint")
         ev.bind("seg_end")
