@@ -31,8 +31,6 @@ output (``after``: before the wait).
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -59,21 +57,22 @@ def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, after: 
 
 
 _IN_FLIGHT: dict[int, tuple[dist.Work, Tensor]] = {}
-"""Exchanges issued by ``all_to_all_start`` and not yet waited for, by handle."""
-_HANDLES = itertools.count()
+"""Exchanges issued by ``all_to_all_start`` and not yet waited for, by the
+address of their handle (alive until the wait, which takes it: no value is
+read)."""
 
 
 @torch.library.custom_op("gdn_kcp::all_to_all_start", mutates_args=())
 def all_to_all_start(send: Tensor, sends: list[int], recvs: list[int], group_name: str,
                      after: Tensor | None = None) -> Tensor:
     """Issues :func:`ordered_all_to_all` without waiting; returns its handle
-    (an int64 CPU tensor of one element) for ``all_to_all_wait``."""
+    (a one-element CPU tensor, known by its address) for ``all_to_all_wait``."""
     received = send.new_empty(sum(recvs))
     work = dist.all_to_all_single(received, send, output_split_sizes=recvs, input_split_sizes=sends,
                                   group=group_from_name(group_name) if group_name else None, async_op=True)
-    handle = next(_HANDLES)
-    _IN_FLIGHT[handle] = (work, received)
-    return torch.tensor([handle], dtype=torch.int64)
+    handle = torch.empty(1, dtype=torch.int64)
+    _IN_FLIGHT[handle.data_ptr()] = (work, received)
+    return handle
 
 
 @all_to_all_start.register_fake
@@ -100,7 +99,7 @@ def all_to_all_wait(handle: Tensor, send: Tensor, recvs: list[int], after: Tenso
     alive, unchanged, until the exchange has read it. ``after``: output of
     the work the exchange overlaps (read by no one here: the wait runs after
     that work)."""
-    work, received = _IN_FLIGHT.pop(int(handle.item()))
+    work, received = _IN_FLIGHT.pop(handle.data_ptr())
     work.wait()
     return received
 
