@@ -38,7 +38,7 @@ class FirstCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def record_traced_step(segments: int, T: int = 160) -> dict[str, tuple]:
+def record_traced_step(segments: int, T: int = 130) -> dict[str, tuple]:
     """One eager traced forward + backward (fp64, initial and final states,
     ``segments`` per long fragment, the in-kernel norm) of this rank's
     tokens, recording each program op's first arguments."""

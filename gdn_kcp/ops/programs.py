@@ -74,7 +74,8 @@ def op_signature(program) -> inspect.Signature:
     parameters = []
     for p in inspect.signature(program).parameters.values():
         if p.annotation == "ChunkIndex":
-            parameters += [inspect.Parameter(f"index_{name}", POSITIONAL, annotation=kind) for name, kind in INDEX_FIELDS]
+            parameters += [inspect.Parameter(f"index_{name}", POSITIONAL, annotation=kind)
+                           for name, kind in INDEX_FIELDS]
             continue
         if p.annotation not in ANNOTATIONS:
             raise TypeError(f"{program.__name__}: argument {p.name} has no op type ({p.annotation!r})")
