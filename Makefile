@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report roofline roofline-facts fla-layer-check gpu-check clean
+.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ bench-cpu: $(VENV)/.base
 # (K, V) = (256, 256) and (128, 512) against the README's spill table (about 10 minutes).
 compile-check: $(VENV)/.test
 	GDN_KCP_COMPILE_SM100=1 GDN_KCP_COMPILE_LARGE=1 $(PY) -m pytest -s tests/test_triton_compile.py
+
+# Not CI: schedule="overlap" compiled by Inductor on 2 gloo ranks, the backward's output code issuing b2,
+# running the walk's kernels, then waiting (about 2 minutes of C++ compile on 2 cores).
+lowering-check: $(VENV)/.test
+	GDN_KCP_LOWERING_INDUCTOR=1 $(PY) -m pytest tests/test_inductor_lowering.py -k overlaps_b2
 
 # Not CI: registers, spills and tensor-core use of every kernel for sm_90 (ptxas log and PTX; minutes).
 compile-report: $(VENV)/.test
