@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
+from gdn_inputs import make_inputs
 from spawn import spawn_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -45,10 +46,7 @@ def record_traced_step(segments: int, T: int = 130) -> dict[str, tuple]:
     H_qk, HV, K, V = 1, 2, 16, 16
     ctx = build_kcp_context([0, 20, T])
     lo, hi = ctx.rank_ranges[ctx.rank]
-    gen = torch.Generator().manual_seed(ctx.rank)
-    q, k = (torch.randn(1, hi - lo, H_qk, K, generator=gen, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(1, hi - lo, HV, V, generator=gen, dtype=torch.float64)
-    g, beta = -torch.rand(1, hi - lo, HV, dtype=torch.float64), torch.rand(1, hi - lo, HV, dtype=torch.float64)
+    q, k, v, g, beta = make_inputs(hi - lo, H_qk, HV, K, V, seed=ctx.rank, l2=True)
     h0 = torch.randn(len(ctx.start_docs), HV, K, V, dtype=torch.float64) if ctx.start_docs else None
     leaves = [x.requires_grad_() for x in (q, k, v, g, beta, *([h0] if h0 is not None else []))]
     recorder = FirstCalls()

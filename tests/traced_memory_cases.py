@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Iterator
 
 import torch
+from gdn_inputs import make_inputs
 
 import gdn_kcp
 from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp as run_gdn_kcp, gdn_workspace_layout_kcp
@@ -44,12 +45,7 @@ def live_pool_peaks() -> Iterator[dict[str, int]]:
 
 
 def leaves(T_rank: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(1, T_rank, H_QK, K, generator=gen, dtype=dtype) for _ in range(2))
-    v = torch.randn(1, T_rank, HV, V, generator=gen, dtype=dtype)
-    g = -torch.rand(1, T_rank, HV, generator=gen, dtype=dtype)
-    beta = torch.rand(1, T_rank, HV, generator=gen, dtype=dtype)
-    return [x.requires_grad_() for x in (q, k, v, g, beta)]
+    return [x.requires_grad_() for x in make_inputs(T_rank, H_QK, HV, K, V, dtype=dtype, seed=seed, l2=True)]
 
 
 def step(ctx, options: OptionsKcp, dtype: torch.dtype) -> list[torch.Tensor]:
