@@ -115,17 +115,18 @@ def check_forward_backward(results, device, dims, dtype, bounds):
 
 
 def time_paths(results, device, dims, dtype, bounds):
-    """Forward and forward+backward times: ours (Triton programs) and FLA's."""
+    """Forward and forward+backward times: ours (Triton programs; also under
+    ``save_mode="inverse"``, FLA's saved set) and FLA's."""
     H_qk, HV, K, V = dims
     ctx = build_kcp_context(bounds, device=device)
     xs = [x.requires_grad_() for x in inputs(bounds[-1], H_qk, HV, K, V, dtype, device)]
     cu = torch.tensor(bounds, dtype=torch.long, device=device)
     do = torch.randn_like(xs[2])
 
-    def ours():
-        return gdn_kcp(*xs, ctx, use_qk_l2norm_in_kernel=True)[0]
+    def ours(save_mode="light"):
+        return gdn_kcp(*xs, ctx, options=OptionsKcp(use_qk_l2norm=True, save_mode=save_mode))[0]
 
-    rows = {"gdn_kcp": ours}
+    rows = {"gdn_kcp": ours, "gdn_kcp_inverse": lambda: ours("inverse")}
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdr
 
@@ -158,9 +159,11 @@ def modelled_times(ctx, dims) -> dict:
     here are eager (launch overheads included): compare with care."""
     import roofline
 
-    estimates = roofline.compare(roofline.shape_of(ctx, *dims), roofline.load_facts())
-    return {("gdn_kcp" if name == "ours" else name): {"forward_ms": round(r["forward_ms"], 3),
-                                                      "forward_backward_ms": round(r["total_ms"], 3)}
+    shape, facts = roofline.shape_of(ctx, *dims), roofline.load_facts()
+    estimates = roofline.compare(shape, facts)
+    estimates["ours_inverse"] = roofline.compare(shape, facts, save_mode="inverse")["ours"]
+    return {name.replace("ours", "gdn_kcp"): {"forward_ms": round(r["forward_ms"], 3),
+                                              "forward_backward_ms": round(r["total_ms"], 3)}
             for name, r in estimates.items()}
 
 

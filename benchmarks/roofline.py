@@ -84,8 +84,9 @@ from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 
 from gdn_kcp import OptionsKcp, build_kcp_context
+from gdn_kcp.options import SAVE_MODES
 from gdn_kcp.plan import plan_segments, walk_launches
-from gdn_kcp.queries import gdn_workspace_layout_kcp
+from gdn_kcp.queries import gdn_saved_bytes_kcp, gdn_workspace_layout_kcp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fla_kernels  # noqa: E402  (benchmarks/fla_kernels.py: FLA 0.5.1's kernel table)
@@ -182,9 +183,20 @@ OUR_PROGRAMS = {
 """The programs of one forward and one backward on one rank under the default
 options (host/forward.py, host/backward.py; tests/test_roofline.py checks it)."""
 
+RECOMPUTED = {"light": ("prep", "tape_walk"), "inverse": ("w_u", "tape_walk"), "full": ()}
+"""What the backward runs again before its own programs, per save mode."""
 
-def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
-    """Every Triton launch of OUR_PROGRAMS; ``e``: bytes per element of each pool."""
+
+def our_programs(save_mode: str = "light") -> dict[str, tuple[str, ...]]:
+    """:data:`OUR_PROGRAMS` under ``save_mode``: the backward's recomputation is
+    :data:`RECOMPUTED`'s."""
+    own = OUR_PROGRAMS["bwd"][len(RECOMPUTED["light"]):]
+    return {"fwd": OUR_PROGRAMS["fwd"], "bwd": RECOMPUTED[save_mode] + own}
+
+
+def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> list[Launch]:
+    """Every Triton launch of :func:`our_programs` under ``save_mode``; ``e``:
+    bytes per element of each pool (and saved tape)."""
     C, K, V, HV, H, NC = s.C, s.K, s.V, s.HV, s.H, s.NC
     BC, BW = INVERSE_BLOCK, walk_block(V)  # BW: the walks' value tile
     NW, G, n = -(-V // BW), HV // H, BF16
@@ -198,12 +210,14 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
         inverse = Work(bf16=2 * C * C * K + merges,  # L, the block merges
                        fp32=steps * SOLVE_OPS * C * BC,
                        bytes=C * K * n + C * e["k_rstd"] + 2 * C * n + C * C * e["A"])
-        w_u = Work(bf16=2 * C * C * K + 2 * C * C * V,
-                   bytes=C * C * e["A"] + C * K * n + C * e["k_rstd"] + 2 * C * n + C * V * n
-                   + C * K * e["w"] + C * V * e["v_new"])
         return [norm, norm, Launch(phase, "wy_inverse_kernel", NC * HV, inverse, steps,
-                                   Work(fp32=SOLVE_OPS * C * BC)),
-                Launch(phase, "prep_kernel", NC * HV, w_u)]
+                                   Work(fp32=SOLVE_OPS * C * BC)), *w_u(phase)]
+
+    def w_u(phase: str) -> list[Launch]:
+        work = Work(bf16=2 * C * C * K + 2 * C * C * V,
+                    bytes=C * C * e["A"] + C * K * n + C * e["k_rstd"] + 2 * C * n + C * V * n
+                    + C * K * e["w"] + C * V * e["v_new"])
+        return [Launch(phase, "prep_kernel", NC * HV, work)]
 
     def tape_walk(phase: str) -> list[Launch]:
         step = Work(bf16=2 * (2 * C * K * BW), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
@@ -244,10 +258,11 @@ def our_launches(s: Shape, e: Mapping[str, int]) -> list[Launch]:
         work = Work(bytes=BT_NORM * (G * K * e["dq_heads"] + e["q_rstd"] + 2 * K * n))
         return [Launch(phase, "bwd_qk_norm_kernel", -(-s.T // BT_NORM) * H, work)] * 2  # dq, dk
 
-    programs = {"prep": prep, "tape_walk": tape_walk, "output": output, "bwd_local_dv": bwd_local_dv,
+    programs = {"prep": prep, "w_u": w_u, "tape_walk": tape_walk, "output": output, "bwd_local_dv": bwd_local_dv,
                 "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
                 "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm}
-    return [launch for phase, names in OUR_PROGRAMS.items() for name in names for launch in programs[name](phase)]
+    return [launch for phase, names in our_programs(save_mode).items() for name in names
+            for launch in programs[name](phase)]
 
 
 def walk_latency(facts: Mapping[str, Mapping], P: int, m: Machine = H200, s: Shape | None = None) -> float:
@@ -552,12 +567,13 @@ def calibration_markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def our_shape_launches(s: Shape) -> list[Launch]:
-    """Our launches at shape ``s`` (pool dtypes from the layout of a one-rank context of its documents)."""
+def our_shape_launches(s: Shape, save_mode: str = "light") -> list[Launch]:
+    """Our launches at shape ``s`` (pool dtypes from the light layout of a
+    one-rank context of its documents: a saved tape has its pool's dtype)."""
     per_doc = -(-s.T // s.fragments)
     bounds = list(range(0, s.T, per_doc)) + [s.T]
     ctx = build_kcp_context(bounds)
-    return our_launches(s, pool_element_sizes(ctx, s, OptionsKcp(use_qk_l2norm=True)))
+    return our_launches(s, pool_element_sizes(ctx, s, OptionsKcp(use_qk_l2norm=True)), save_mode)
 
 
 def our_full_launches() -> tuple[Shape, list[Launch]]:
@@ -571,9 +587,36 @@ def our_estimate(facts: Mapping[str, Mapping], m: Machine = H200) -> dict:
     return estimate(our_full_launches()[1], facts, m)
 
 
-def compare(s: Shape, facts: Mapping, m: Machine = H200) -> dict:
-    """Ours and FLA's estimates at shape ``s``."""
-    return {"ours": estimate(our_shape_launches(s), facts["ours"], m), "fla": fla_estimate(s, facts["fla"], m)}
+def compare(s: Shape, facts: Mapping, m: Machine = H200, save_mode: str = "light") -> dict:
+    """Ours (under ``save_mode``) and FLA's estimates at shape ``s``."""
+    return {"ours": estimate(our_shape_launches(s, save_mode), facts["ours"], m),
+            "fla": fla_estimate(s, facts["fla"], m)}
+
+
+def save_mode_table(s: Shape, facts: Mapping, m: Machine = H200) -> list[dict]:
+    """Our modelled forward and backward under each save mode, with the
+    bytes each saves beyond the inputs (one rank, one layer) and the ratio to
+    FLA's modelled total (FLA 0.5.1 saves A and the q/k norms: "inverse")."""
+    fla = fla_estimate(s, facts["fla"], m)["total_ms"]
+    per_doc = -(-s.T // s.fragments)
+    ctx = build_kcp_context(list(range(0, s.T, per_doc)) + [s.T])
+    rows = []
+    for mode in SAVE_MODES:
+        ours = estimate(our_shape_launches(s, mode), facts["ours"], m)
+        options = OptionsKcp(use_qk_l2norm=True, save_mode=mode)
+        saved = gdn_saved_bytes_kcp(ctx, s.H, s.HV, s.K, s.V, dtype=torch.bfloat16, options=options)
+        rows.append({"save_mode": mode, "forward_ms": ours["forward_ms"], "backward_ms": ours["backward_ms"],
+                     "total_ms": ours["total_ms"], "saved_mb": saved / 1e6, "ratio": ours["total_ms"] / fla})
+    return rows
+
+
+def save_mode_markdown(rows: list[dict]) -> str:
+    lines = ["| save_mode | forward (ms) | backward (ms) | total (ms) | / FLA | saved beyond the inputs (MB) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['save_mode']} | {r['forward_ms']:.2f} | {r['backward_ms']:.2f} | {r['total_ms']:.2f} | "
+                     f"{r['ratio']:.2f} | {r['saved_mb']:.0f} |")
+    return "\n".join(lines)
 
 
 def breakdown(results: Mapping) -> str:
@@ -598,6 +641,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=1, help="documents of equal length")
     parser.add_argument("--hq", type=int, default=16, help="key heads H_qk")
     parser.add_argument("--hv", type=int, default=32, help="value heads HV")
+    parser.add_argument("--save-mode", choices=SAVE_MODES, default="light", help="our OptionsKcp.save_mode")
     parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     parser.add_argument("--calibration", action="store_true", help="print the calibration table and stop")
     parser.add_argument("--fit", action="store_true", help="refit the three constants and print them")
@@ -622,7 +666,7 @@ def main() -> None:
         print(calibration_markdown(table))
         return
     shape = model_shape(args.T, args.docs, args.hq, args.hv)
-    results = compare(shape, facts, machine)
+    results = compare(shape, facts, machine, args.save_mode)
     if args.json:
         print(json.dumps({name: {"forward_ms": r["forward_ms"], "backward_ms": r["backward_ms"], "rows": r["rows"]}
                           for name, r in results.items()} | {"shape": asdict(shape), "triton": facts["triton"],
@@ -633,7 +677,9 @@ def main() -> None:
     print(markdown("Ours (gdn_kcp, Triton)", results["ours"]))
     print("\n" + markdown("FLA (fla-core 0.5.1 chunk_gated_delta_rule)", results["fla"]))
     ratio = results["ours"]["total_ms"] / results["fla"]["total_ms"]
-    print(f"\nours / FLA = {ratio:.2f}\n\n### Calibration\n\n{calibration_markdown(table)}")
+    print(f"\nours / FLA = {ratio:.2f} (save_mode={args.save_mode!r})\n\n### Save modes\n\n"
+          f"{save_mode_markdown(save_mode_table(shape, facts, machine))}")
+    print(f"\n### Calibration\n\n{calibration_markdown(table)}")
     segments = walk_latency_table(facts["ours"], machine)
     plan_ctx = replace(full_shape()[1], n_sms=machine.sms)
     plan_p = {f"HV={hv}": plan_segments(plan_ctx, hv, 128, 128) for hv in (32, 4)}

@@ -9,7 +9,7 @@ from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
 EXCHANGES = ("a2a", "ring")
 SCHEDULES = ("serial", "overlap")
-SAVE_MODES = ("light", "full")
+SAVE_MODES = ("light", "inverse", "full")
 BOUNDARY_MODES = ("saved", "replay")
 GRAPH_MODES = ("off", "replay")
 
@@ -32,8 +32,11 @@ class OptionsKcp:
         torch programs have no atomics and a fixed reduction order, so both
         values run the same path today; the ``gdn_det_*`` queries give its bytes.
     save_mode: ``"light"`` keeps no tape (the backward recomputes prep and the
-        tape walk); ``"full"`` keeps the forward tapes (A, w, v_new, h and
-        the q/k norms) and the backward recomputes nothing.
+        tape walk); ``"inverse"`` keeps the WY inverse A and the q/k norms
+        (flash-linear-attention's saved set: the backward recomputes only W, U
+        and the tape walk, for ``T HV C`` more saved elements); ``"full"``
+        keeps the forward tapes (A, w, v_new, h and the q/k norms) and the
+        backward recomputes nothing.
     boundary_mode: ``"saved"`` keeps the start state ``S_in`` of the crossing-in
         fragment (and a middle rank's M) for the backward; ``"replay"`` keeps
         nothing and the backward re-runs the summary walk and c1/c2.
@@ -106,9 +109,10 @@ class OptionsKcp:
         _check_bool("with_conv", self.with_conv)
         if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 1:
             raise ValueError(f"OptionsKcp.conv_size must be an int >= 1, got {self.conv_size!r}")
-        if self.save_mode == "full" and not self.save_for_backward:
+        if self.save_mode != "light" and not self.save_for_backward:
+            what = "the forward tapes" if self.save_mode == "full" else "the WY inverse and the q/k norms"
             raise ValueError(
-                "save_mode='full' keeps the forward tapes, but save_for_backward=False keeps no saved set"
+                f"save_mode={self.save_mode!r} keeps {what}, but save_for_backward=False keeps no saved set"
             )
         if self.save_mode == "full" and self.boundary_mode == "replay":
             raise ValueError(
@@ -134,6 +138,8 @@ class SavePlan:
     """What the forward keeps for the backward, and what the backward re-runs.
 
     keeps_tapes: the forward tapes are saved (save_mode="full").
+    keeps_inverse: the WY inverse A and the q/k norms are saved ("inverse"
+        and "full"): a backward that recomputes recomputes only W, U and h.
     keeps_s_in: the crossing-in start state is saved (light, saved boundary).
     keeps_m: a middle rank saves its own M for b1 (a kept boundary without
         save_transfer). keeps_owner_m: owners save the M slices of c1.
@@ -141,6 +147,7 @@ class SavePlan:
     """
 
     keeps_tapes: bool
+    keeps_inverse: bool
     keeps_s_in: bool
     keeps_m: bool
     keeps_owner_m: bool
@@ -152,6 +159,7 @@ def save_plan(options: OptionsKcp) -> SavePlan:
     keeps_boundary = options.save_for_backward and (full or options.boundary_mode == "saved")
     return SavePlan(
         keeps_tapes=full,
+        keeps_inverse=options.save_mode in ("inverse", "full"),
         keeps_s_in=keeps_boundary and not full,
         keeps_m=keeps_boundary and not options.save_transfer,
         keeps_owner_m=keeps_boundary and options.save_transfer,

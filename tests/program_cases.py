@@ -73,6 +73,9 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
                   q_rstd_out=norms["q_rstd"], k_rstd_out=norms["k_rstd"])
     if l2:
         out.update(norms)
+    w_again, u_again = torch.zeros_like(out["w"]), torch.zeros_like(out["u"])
+    programs.w_u(k, v, g, beta, out["A"], index, k_rstd=norms["k_rstd"], w_out=w_again, u_out=u_again)
+    assert torch.equal(w_again, out["w"]) and torch.equal(u_again, out["u"])  # the backward of save_mode="inverse"
     state0 = randn(N, HV, K, V)  # rows f - n_in: with crossing, the last row is not read
     summary = new(1, HV, K, V + K)  # [S_loc | M] as one pool, written through column views
     programs.summary_walk(k, out["w"], out["u"], g, index, k_rstd=norms["k_rstd"], initial_state=state0,

@@ -39,10 +39,10 @@ class FirstCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def record_traced_step(segments: int, T: int = 130) -> dict[str, tuple]:
+def record_traced_step(segments: int, T: int = 130, save_mode: str = "light") -> dict[str, tuple]:
     """One eager traced forward + backward (fp64, initial and final states,
-    ``segments`` per long fragment, the in-kernel norm) of this rank's
-    tokens, recording each program op's first arguments."""
+    ``segments`` per long fragment, the in-kernel norm, ``save_mode``) of this
+    rank's tokens, recording each program op's first arguments."""
     H_qk, HV, K, V = 1, 2, 16, 16
     ctx = build_kcp_context([0, 20, T])
     lo, hi = ctx.rank_ranges[ctx.rank]
@@ -51,7 +51,8 @@ def record_traced_step(segments: int, T: int = 130) -> dict[str, tuple]:
     leaves = [x.requires_grad_() for x in (q, k, v, g, beta, *([h0] if h0 is not None else []))]
     recorder = FirstCalls()
     with gdn_kcp.trace_host_path(), recorder:
-        o, final_state = run_gdn_kcp(*leaves[:5], ctx, options=OptionsKcp(segments=segments, use_qk_l2norm=True),
+        options = OptionsKcp(segments=segments, use_qk_l2norm=True, save_mode=save_mode)
+        o, final_state = run_gdn_kcp(*leaves[:5], ctx, options=options,
                                      initial_state=h0, output_final_state=True)
         (o.square().sum() + final_state.square().sum()).backward()
     return recorder.calls
@@ -66,7 +67,7 @@ def check_opcheck(calls: dict[str, tuple], names) -> None:
 
 @pytest.fixture(scope="module")
 def one_rank_calls():
-    return record_traced_step(segments=2)
+    return record_traced_step(segments=2, save_mode="inverse")  # its backward runs w_u where light reruns prep
 
 
 def test_every_program_is_an_op_with_its_signature():

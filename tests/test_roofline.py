@@ -173,13 +173,14 @@ def test_the_same_math_counts_the_same_flops():
     assert flops(ours, "adjoint_walk_kernel") == flops(fla, "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64")
 
 
-def test_program_sequence_is_the_host_paths(monkeypatch):
-    """OUR_PROGRAMS against the torch programs one forward+backward calls (one
-    rank, one document, the L2 norm, default options); prep writes A in both
-    (its W, U launch reads it back)."""
+@pytest.mark.parametrize("save_mode", ["light", "inverse", "full"])
+def test_program_sequence_is_the_host_paths(monkeypatch, save_mode):
+    """roofline.our_programs against the torch programs one forward+backward
+    calls (one rank, one document, the L2 norm) under each save mode; prep
+    writes A wherever it runs (its W, U launch reads it back)."""
     from gdn_kcp.kernels import torch as programs
 
-    from gdn_kcp import build_kcp_context, gdn_kcp
+    from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
 
     calls = []
 
@@ -196,12 +197,14 @@ def test_program_sequence_is_the_host_paths(monkeypatch):
     v = torch.randn(1, T, 2, 16, generator=gen).requires_grad_()
     g = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, generator=gen)).requires_grad_()
     beta = torch.rand(1, T, 2, generator=gen).requires_grad_()
-    o, _ = gdn_kcp(q, k, v, g, beta, build_kcp_context([0, T]), use_qk_l2norm_in_kernel=True)
+    options = OptionsKcp(save_mode=save_mode, use_qk_l2norm=True)
+    o, _ = gdn_kcp(q, k, v, g, beta, build_kcp_context([0, T]), options=options)
     forward = len(calls)
     o.sum().backward()
-    assert [name for name, _ in calls[:forward]] == list(roofline.OUR_PROGRAMS["fwd"])
-    assert [name for name, _ in calls[forward:]] == list(roofline.OUR_PROGRAMS["bwd"])
-    assert [a for name, a in calls if name == "prep"] == [True, True]
+    expected = roofline.our_programs(save_mode)
+    assert [name for name, _ in calls[:forward]] == list(expected["fwd"])
+    assert [name for name, _ in calls[forward:]] == list(expected["bwd"])
+    assert all(a for name, a in calls if name == "prep")
 
 
 def test_calibration():

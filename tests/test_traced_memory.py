@@ -26,6 +26,7 @@ CASES = [
     (dict(), torch.float32),
     (dict(boundary_mode="replay", save_for_backward=False, segments=2), torch.float32),
     (dict(save_mode="full", segments=2), torch.bfloat16),
+    (dict(save_mode="inverse"), torch.bfloat16),
     (dict(graph="replay", deterministic=True), torch.float32),
 ]
 

@@ -74,6 +74,25 @@ def test_full_mode_moves_tapes_out_of_the_backward_workspace():
     assert full.bwd.bytes < light.bwd.bytes and full.fwd.bytes < light.fwd.bytes
 
 
+@pytest.mark.parametrize("l2", [False, True])
+def test_inverse_mode_saves_A_and_the_norms_and_binds_the_rest(l2):
+    """save_mode="inverse": the saved set is A (and the q/k norms), the light
+    workspace less those pools; the backward still binds w, v_new and h."""
+    ctx = context_from_split([0, 200], default_ranges(200, 1), 0)
+    light, inverse = (OptionsKcp(save_mode=mode, use_qk_l2norm=l2) for mode in ("light", "inverse"))
+    saved = gdn_saved_layout_kcp(ctx, 1, 2, 64, 64, dtype=torch.bfloat16, options=inverse)
+    norms = {"q_rstd", "k_rstd"} if l2 else set()
+    assert set(saved) == {"A"} | norms and not gdn_saved_layout_kcp(ctx, 1, 2, 64, 64, options=light)
+    assert saved["A"].shape == (200, 2, 64) and saved["A"].dtype == torch.bfloat16
+    layouts = {o.save_mode: gdn_workspace_layout_kcp(ctx, 1, 2, 64, 64, dtype=torch.bfloat16, options=o)
+               for o in (light, inverse)}
+    for call in ("fwd", "bwd"):
+        pools = getattr(layouts["light"], call).pools
+        assert set(getattr(layouts["inverse"], call).pools) == set(pools) - {"A"} - norms, call
+    assert {"w", "v_new", "h"} <= set(layouts["inverse"].bwd.pools)
+    assert layouts["inverse"].bwd.bytes < layouts["light"].bwd.bytes
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 def test_tapes_and_backward_buffers_in_the_input_dtype_everything_else_in_the_compute_dtype(dtype):
     ctx = context_from_split([0, 130], default_ranges(130, 1), 0)
@@ -108,7 +127,9 @@ def test_fp64_doubles_and_det_twin_matches():
         (dict(schedule="overlap", exchange="ring"), r"schedule='overlap' .* exchange='ring' .* use exchange='a2a'"),
         (dict(schedule="eager"), r"OptionsKcp.schedule must be one of \('serial', 'overlap'\), got 'eager'"),
         (dict(graph="cuda"), r"OptionsKcp.graph must be one of \('off', 'replay'\), got 'cuda'"),
-        (dict(save_mode="heavy"), r"OptionsKcp.save_mode must be one of \('light', 'full'\), got 'heavy'"),
+        (dict(save_mode="heavy"), r"OptionsKcp.save_mode must be one of \('light', 'inverse', 'full'\), got 'heavy'"),
+        (dict(save_mode="inverse", boundary_mode="replay", save_for_backward=False),
+         r"save_mode='inverse' keeps the WY inverse and the q/k norms, but save_for_backward=False keeps no saved set"),
         (dict(deterministic="yes"), r"OptionsKcp.deterministic must be a bool, got 'yes'"),
     ],
 )

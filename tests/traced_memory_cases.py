@@ -78,6 +78,7 @@ RANK_OPTIONS = (
     dict(boundary_mode="replay"),
     dict(save_transfer=True, segments=2),
     dict(save_mode="full", segments=2),
+    dict(save_mode="inverse", schedule="overlap"),
     dict(graph="replay", boundary_mode="replay"),
 )
 

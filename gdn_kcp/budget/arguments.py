@@ -11,7 +11,7 @@ import torch
 
 from gdn_kcp.cli_args import length_list, positive_int
 from gdn_kcp.context import check_ranges, default_ranges
-from gdn_kcp.options import OptionsKcp
+from gdn_kcp.options import SAVE_MODES, OptionsKcp
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 RANDOM_TOKENS = 32768
@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=positive_int, default=128, help="K, key head dim")
     parser.add_argument("--v", type=positive_int, default=128, help="V, value head dim")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype")
-    parser.add_argument("--save-mode", choices=("light", "full"), default="light",
-                        help="OptionsKcp.save_mode: light keeps no tape, full keeps A, w, v_new, h")
+    parser.add_argument("--save-mode", choices=SAVE_MODES, default="light",
+                        help="OptionsKcp.save_mode: light keeps no tape, inverse keeps A (and the q/k norms), "
+                             "full keeps A, w, v_new, h")
     parser.add_argument("--boundary-mode", choices=("saved", "replay"), default="saved",
                         help="OptionsKcp.boundary_mode: keep S_in (and M) for the backward, or replay the exchange")
     parser.add_argument("--save-transfer", action="store_true",

@@ -58,6 +58,16 @@ def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes
                         options=call.options, overlap=overlap)
 
 
+def run_w_u(k, v, g, beta, call: Call, buffers: Buffers, saved: dict[str, torch.Tensor]) -> ForwardTapes:
+    """W and U again from the saved WY inverse (``save_mode="inverse"``): prep's
+    second launch only, with the saved k norm."""
+    tapes = ForwardTapes(A=saved["A"], w=buffers.take("w"), v_new=buffers.take("v_new"),
+                         q_rstd=saved.get("q_rstd"), k_rstd=saved.get("k_rstd"))
+    call.programs.w_u(k, v, g, beta, tapes.A, call.index, k_rstd=tapes.k_rstd, w_out=tapes.w, u_out=tapes.v_new,
+                      **call.gate, **call.beta)
+    return tapes
+
+
 def host_backward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -92,7 +102,10 @@ def host_backward(
         seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd", with_s=False)
     else:
         arena.phase("bwd.phase.prep")
-        tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
+        if plan.keeps_inverse:
+            tapes = run_w_u(k, v, g, beta, call, buffers, saved)
+        else:
+            tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
         seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd")
         s_in = saved.get("s_in")
         if replayed:

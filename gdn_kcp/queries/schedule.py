@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gdn_kcp.options import overlaps_b2, save_plan
 
-from .shapes import Dims, norm_tapes
+from .shapes import Dims, norm_tapes, pooled
 
 
 class Events(list):
@@ -102,27 +102,23 @@ def _backward_exchange(ev: Events, d: Dims, overlapped=None) -> None:
 
 def forward_events(d: Dims) -> Events:
     ev = Events()
-    keeps_tapes = save_plan(d.options).keeps_tapes
+    o = d.options
     ev.phase("fwd.phase.prep")
-    if not keeps_tapes:
-        ev.bind("A", "w", "v_new", *norm_tapes(d.options))
-        ev.release("A")  # prep's W, U launch reads it back; nothing after prep does
+    ev.bind(*pooled(o, "A", "w", "v_new", *norm_tapes(o)))
+    ev.release(*pooled(o, "A"))  # prep's W, U launch reads it back; nothing after prep does
     _segment_summaries(ev, d, "fwd")
     if d.ctx.exchanges:
         _forward_exchange(ev, d, "fwd")
     _compose_starts(ev, d, "fwd")
     ev.phase("fwd.phase.walk")
-    if not keeps_tapes:
-        ev.bind("h")
+    ev.bind(*pooled(o, "h"))
     if d.ctx.exchanges and _s_in_is_pool(d, "fwd") and (d.a2a or d.n_in):
         ev.release("s_in")
     if d.segmented:
         ev.release("seg_start", "seg_index")
-    if not keeps_tapes:
-        ev.release("w")
+    ev.release(*pooled(o, "w"))
     ev.phase("fwd.phase.output")
-    if not keeps_tapes:
-        ev.release("v_new", "h", *norm_tapes(d.options))
+    ev.release(*pooled(o, "v_new", "h", *norm_tapes(o)))
     return ev
 
 
@@ -145,8 +141,9 @@ def _compose_starts(ev: Events, d: Dims, call: str) -> None:
 
 def backward_events(d: Dims) -> Events:
     ev = Events()
-    plan = save_plan(d.options)
-    overlap = d.ctx.exchanges and overlaps_b2(d.options)
+    o = d.options
+    plan = save_plan(o)
+    overlap = d.ctx.exchanges and overlaps_b2(o)
 
     def recompute_walk() -> None:
         ev.phase("bwd.phase.walk")
@@ -157,8 +154,8 @@ def backward_events(d: Dims) -> Events:
             ev.release("seg_start")
 
     if not plan.keeps_tapes:
-        ev.phase("bwd.phase.prep")
-        ev.bind("A", "w", "v_new", *norm_tapes(d.options))
+        ev.phase("bwd.phase.prep")  # "inverse": W and U from the saved A
+        ev.bind(*pooled(o, "A", "w", "v_new", *norm_tapes(o)))
         _segment_summaries(ev, d, "bwd")
         if d.ctx.exchanges and plan.replays_boundary:
             _forward_exchange(ev, d, "bwd")
@@ -184,19 +181,15 @@ def backward_events(d: Dims) -> Events:
         ev.release("lam")
     if d.segmented:
         ev.release("seg_end", "seg_index")
-    if not plan.keeps_tapes:
-        ev.release("w")
+    ev.release(*pooled(o, "w"))
     ev.phase("bwd.phase.dqkwg")
     ev.bind("dq_heads", "dk_heads", "dw", "dgcum")
     ev.release("dh")
-    if not plan.keeps_tapes:
-        ev.release("h", "v_new")
+    ev.release(*pooled(o, "h", "v_new"))
     ev.phase("bwd.phase.wy")
     ev.release("dw", "dv_new")
-    if not plan.keeps_tapes:
-        ev.release("A")
+    ev.release(*pooled(o, "A"))
     ev.phase("bwd.phase.grads")
     ev.release("dgcum", "dq_heads", "dk_heads")
-    if not plan.keeps_tapes:
-        ev.release(*norm_tapes(d.options))
+    ev.release(*pooled(o, *norm_tapes(o)))
     return ev

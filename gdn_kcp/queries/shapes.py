@@ -25,7 +25,8 @@ from gdn_kcp.plan import segments_for
 from .comm import a2a_split_elements, conv_channels
 
 TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd", "h")
-"""The forward tapes; save_mode="full" saves them, "light" recomputes them."""
+"""The forward tapes; save_mode="full" saves them, "inverse" A and the norms,
+"light" none (the backward recomputes what is not saved)."""
 
 SAVED_NAMES = (*TAPES, "s_in", "m", "owner_m")
 """Every tensor a forward may save, in the order the forward op returns them
@@ -44,6 +45,24 @@ def conv_halo_shape(ctx: KcpContext, H_qk: int, HV: int, K: int, V: int,
 def norm_tapes(options: OptionsKcp) -> tuple[str, ...]:
     """The q/k reciprocal-norm tapes a call with these options writes."""
     return ("q_rstd", "k_rstd") if options.use_qk_l2norm else ()
+
+
+def saved_tapes(options: OptionsKcp) -> tuple[str, ...]:
+    """The forward tapes a call with these options saves for its backward."""
+    plan = save_plan(options)
+    if plan.keeps_tapes:
+        kept = TAPES
+    elif plan.keeps_inverse:
+        kept = ("A", "q_rstd", "k_rstd")
+    else:
+        return ()
+    return tuple(name for name in kept if name not in ("q_rstd", "k_rstd") or name in norm_tapes(options))
+
+
+def pooled(options: OptionsKcp, *names: str) -> tuple[str, ...]:
+    """``names`` less the tapes these options save (those are saved tensors, not pools)."""
+    kept = saved_tapes(options)
+    return tuple(name for name in names if name not in kept)
 
 
 @dataclass(frozen=True)
@@ -157,11 +176,8 @@ def saved_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     plan = save_plan(d.options)
     pools = pool_shapes(d)
     saved: dict[str, tuple[int, ...]] = {}
-    if plan.keeps_tapes:
-        for name in TAPES:
-            if name in ("q_rstd", "k_rstd") and name not in norm_tapes(d.options):
-                continue
-            saved[name] = pools[name]
+    for name in saved_tapes(d.options):
+        saved[name] = pools[name]
     if d.ctx.exchanges:
         if plan.keeps_s_in and (d.a2a or d.n_in):  # a2a always receives c2, if only 0 bytes
             saved["s_in"] = pools["s_in"]

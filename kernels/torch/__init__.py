@@ -1,7 +1,8 @@
 """Device-agnostic torch programs: the CPU path and the reference speed.
 
 Forward: :func:`prep` (#1), :func:`summary_walk`, :func:`tape_walk` (#2),
-:func:`output` (#5). Backward: :func:`bwd_local_dv`, :func:`adjoint_summary`,
+:func:`output` (#5). Backward: :func:`w_u` (prep's second half, from the A
+that ``save_mode="inverse"`` saves), :func:`bwd_local_dv`, :func:`adjoint_summary`,
 :func:`adjoint_walk`, :func:`bwd_dqkwg`, :func:`bwd_wy`,
 :func:`bwd_gate_cumsum`, :func:`bwd_qk_norm`. Segments (P > 1):
 :func:`segment_summary`, :func:`compose_segments` (forward phases 1 and 2),
@@ -21,7 +22,7 @@ from .adjoint_segment_summary import adjoint_segment_summary
 from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .output import output
-from .prep import prep
+from .prep import prep, w_u
 from .recurrent import decode_step, recurrent
 from .segment_summary import segment_summary
 from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
@@ -49,4 +50,5 @@ __all__ = [
     "short_conv_fwd",
     "summary_walk",
     "tape_walk",
+    "w_u",
 ]

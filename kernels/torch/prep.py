@@ -116,7 +116,37 @@ def prep(
     bc, _ = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
     mode = matmul_mode(k.dtype)
     strict = causal_scores(bc[..., None] * kc, kc, gates, strict=True, mode=mode)
-    A = unit_lower_inverse(strict, mode)
-    from_chunks(A, rows, A_out)
-    from_chunks(lower_matmul(A, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)
-    from_chunks(lower_matmul(A, bc[..., None] * to_chunks(v, rows, cdt), mode), rows, u_out)
+    from_chunks(unit_lower_inverse(strict, mode), rows, A_out)
+    w_u(k, v, g, beta, A_out, index, gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale,
+        k_rstd=k_rstd, w_out=w_out, u_out=u_out)
+
+
+def w_u(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    gate_params: torch.Tensor | None = None,
+    beta_sigmoid: bool = False,
+    beta_scale: float = 1.0,
+    k_rstd: torch.Tensor | None = None,
+    w_out: torch.Tensor,
+    u_out: torch.Tensor,
+) -> None:
+    """Prep's second half from a written A (``[T, HV, C]``, as prep's
+    ``A_out``): w_out ``[T, HV, K]`` and u_out ``[T, HV, V]``, the products
+    at A's own rounding (its dtype is the products' operand dtype, so W and U
+    equal prep's). With ``k_rstd`` (``[T, H_qk]``) k is L2-normalised. The
+    backward of ``save_mode="inverse"`` runs it on the saved A."""
+    cdt = accumulator_dtype(k.dtype)
+    rows = chunk_rows(index)
+    gates = chunk_gates(g, rows, cdt, gate_params)
+    kc = load_qk(k, k_rstd, rows, cdt, v.shape[1])
+    bc, _ = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
+    mode = matmul_mode(k.dtype)
+    Ac = to_chunks(A, rows, cdt)
+    from_chunks(lower_matmul(Ac, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)
+    from_chunks(lower_matmul(Ac, bc[..., None] * to_chunks(v, rows, cdt), mode), rows, u_out)

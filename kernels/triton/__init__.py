@@ -25,7 +25,7 @@ from .bwd_wy import bwd_wy
 from .compose_adjoints import compose_adjoints
 from .compose_segments import compose_segments
 from .output import output
-from .prep import prep
+from .prep import prep, w_u
 from .recurrent import decode_step, recurrent
 from .segment_summary import segment_summary
 from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
@@ -53,4 +53,5 @@ __all__ = [
     "short_conv_fwd",
     "summary_walk",
     "tape_walk",
+    "w_u",
 ]

@@ -1,8 +1,8 @@
 """Program #1, prep (Triton): per chunk and value head the WY factors ``A = (I + L)^-1``,
 ``W = A diag(beta gamma) K``, ``U = A diag(beta) V``,
-and the q/k reciprocal norms. Same signature as ``kernels.torch.prep``. Three
+and the q/k reciprocal norms. Same signatures as ``kernels.torch.prep``. Three
 launches: the norms, A (``wy_inverse_kernel``, into ``A_out``), then W and U
-from A."""
+from A (``w_u``, which the backward of ``save_mode="inverse"`` runs alone)."""
 
 from __future__ import annotations
 
@@ -133,8 +133,34 @@ def prep(
         k, g, gate, beta, index.chunk_table, k_rstd, A_out, index.n_chunks, H_qk, HV, K,
         BKS=min(BKS_INVERSE, head_block(K)), **flags, num_warps=INVERSE_WARPS,
     )
-    launch(prep_kernel)[grid](
-        k, v, g, gate, beta, index.chunk_table, A_out, w_out, u_out, k_rstd, index.n_chunks, H_qk, HV, K, V,
-        BK=min(BK_WU, head_block(K)), BV=min(BV_WU, head_block(V)), **flags, num_warps=NUM_WARPS,
-        **register_cap(MAX_REGISTERS),
+    w_u(k, v, g, beta, A_out, index, gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale,
+        k_rstd=k_rstd_out, w_out=w_out, u_out=u_out)
+
+
+def w_u(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    gate_params: torch.Tensor | None = None,
+    beta_sigmoid: bool = False,
+    beta_scale: float = 1.0,
+    k_rstd: torch.Tensor | None = None,
+    w_out: torch.Tensor,
+    u_out: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.prep.w_u``: ``prep_kernel`` alone."""
+    if index.n_chunks == 0:
+        return
+    H_qk, K = k.shape[1], k.shape[2]
+    HV, V = v.shape[1], v.shape[2]
+    launch(prep_kernel)[(index.n_chunks, HV)](
+        k, v, g, pointer(gate_params, g), beta, index.chunk_table, A, w_out, u_out, pointer(k_rstd, w_out),
+        index.n_chunks, H_qk, HV, K, V,
+        BT=BT, BK=min(BK_WU, head_block(K)), BV=min(BV_WU, head_block(V)), HAS_NORM=k_rstd is not None,
+        GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(k),
+        MM=mm_mode(k), num_warps=NUM_WARPS, **register_cap(MAX_REGISTERS),
     )
