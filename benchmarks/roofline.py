@@ -3,7 +3,7 @@ flash-linear-attention's (FLA, fla-core 0.5.1), on the calibrated cost model
 of :mod:`gdn_kcp.cost_model`: per kernel launch the FLOPs, the bytes, the
 compile facts (sm_90) and the estimated time, on the CPU (no GPU).
 
-    python benchmarks/roofline.py [--T 32768] [--docs 1] [--hq 16] [--hv 32] [--json]     # make roofline
+    python benchmarks/roofline.py [--T 32768] [--docs 1] [--hq 16] [--hv 32] [--save-mode light] [--json]
     python benchmarks/roofline.py --calibration        # the calibration table
     python benchmarks/roofline.py --fit                # refit the model's three constants
     python benchmarks/roofline.py --refresh-facts --fla-site DIR [--triton-site DIR]
@@ -11,7 +11,8 @@ compile facts (sm_90) and the estimated time, on the CPU (no GPU).
 Shape: T tokens in ``--docs`` equal documents (B = 1), H_qk = ``--hq``, HV =
 ``--hv``, K = V = 128, bf16 inputs, chunks of C = 64, the q/k L2 norm in the
 kernels, one rank, default options (``save_mode="light"``: the backward
-recomputes prep and the tape walk). Ours: the launches of
+recomputes prep and the tape walk; ``--save-mode`` for another, and a table
+of all three at the end). Ours: the launches of
 :mod:`gdn_kcp.host` at the configs of ``compile_specs.kernels``. FLA: the
 launches of fla-core 0.5.1's ``chunk_gated_delta_rule(...,
 use_qk_l2norm_in_kernel=True, cu_seqlens=...)`` (``benchmarks/fla_kernels.py``

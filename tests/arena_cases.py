@@ -18,7 +18,7 @@ from gdn_kcp.queries.layout import gdn_saved_layout_kcp, gdn_workspace_layout_kc
 from gdn_kcp.workspace import record_workspace
 
 FIELDS = dict(
-    save_mode=("light", "full"),
+    save_mode=("light", "inverse", "full"),
     boundary_mode=("saved", "replay"),
     save_transfer=(False, True),
     save_for_backward=(True, False),

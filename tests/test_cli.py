@@ -135,7 +135,7 @@ demo --tokens 0
 usage: python -m gdn_kcp budget [-h] [--tokens TOKENS] [--ranks RANKS] [--docs DOCS]
                                 [--n-docs N_DOCS] [--seed SEED] [--rank-tokens RANK_TOKENS]
                                 [--hq HQ] [--hv HV] [--k K] [--v V]
-                                [--dtype {bf16,fp16,fp32,fp64}] [--save-mode {light,full}]
+                                [--dtype {bf16,fp16,fp32,fp64}] [--save-mode {light,inverse,full}]
                                 [--boundary-mode {saved,replay}] [--save-transfer]
                                 [--no-save-for-backward] [--graph {off,replay}]
                                 [--exchange {a2a,ring}] [--l2] [--with-conv]
@@ -167,9 +167,9 @@ options:
   --v V                 V, value head dim (default: 128)
   --dtype {bf16,fp16,fp32,fp64}
                         input dtype (default: bf16)
-  --save-mode {light,full}
-                        OptionsKcp.save_mode: light keeps no tape, full keeps A, w, v_new, h
-                        (default: light)
+  --save-mode {light,inverse,full}
+                        OptionsKcp.save_mode: light keeps no tape, inverse keeps A (and the q/k
+                        norms), full keeps A, w, v_new, h (default: light)
   --boundary-mode {saved,replay}
                         OptionsKcp.boundary_mode: keep S_in (and M) for the backward, or replay
                         the exchange (default: saved)

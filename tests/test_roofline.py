@@ -237,9 +237,9 @@ def test_facts_are_the_kernels_and_the_plans():
 
 
 def test_readme_states_the_estimates():
-    """The figures of docs/cuda.md for ours and FLA at the full shape, and its
-    calibration table, are the script's; so is the ratio the README's status
-    states."""
+    """The figures of docs/cuda.md for ours and FLA at the full shape, its
+    calibration table and its table of save modes, are the script's; so are
+    the ratios the README's status states."""
     from doc_tables import README, doc
 
     facts = roofline.load_facts()
@@ -254,6 +254,10 @@ def test_readme_states_the_estimates():
     assert f"Where: {roofline.breakdown(results)}." in text
     assert roofline.calibration_markdown(roofline.calibration_table(facts["fla"])) in text
     assert f"**{ratio:.2f}x FLA's time**" in README.read_text()
+    modes = roofline.save_mode_table(roofline.Shape(), facts)
+    assert roofline.save_mode_markdown(modes) in text
+    inverse = next(row for row in modes if row["save_mode"] == "inverse")
+    assert f'{inverse["ratio"]:.2f}x with `save_mode="inverse"`' in README.read_text()
 
 
 def test_readme_and_docs_state_the_walk_over_segments():
