@@ -4,7 +4,8 @@ interpreter that the other tests run is off there, so Dynamo sees Triton
 kernels). torch's analysis of each kernel counts as written exactly the
 pointers the kernel stores to (``compile_specs.WRITES``), never an input or
 an index table; a traced forward and backward (the FLA-style entry with
-every in-kernel option, and ``gdn_kcp`` with two segments) launches every
+every in-kernel option, and ``gdn_kcp`` with two segments and
+``save_mode="inverse"``) launches every
 program as a ``triton_kernel_wrapper_functional`` that clones only what it
 writes, calls no opaque ``gdn_kcp`` op, and writes none of its inputs; and
 the peak of Inductor's plan of that step equals the byte queries."""
@@ -29,7 +30,9 @@ FLA_BACKWARD = {"l2_rstd_kernel": 2, "wy_inverse_kernel": 1, "prep_kernel": 1, "
                 "bwd_gate_cumsum_kernel": 1, "bwd_qk_norm_kernel": 2}
 
 SEGMENTS_FORWARD = {**FLA_FORWARD, "segment_summary_kernel": 1, "compose_segments_kernel": 1}
-SEGMENTS_BACKWARD = {**FLA_BACKWARD, "segment_summary_kernel": 1, "compose_segments_kernel": 1,
+# two segments and save_mode="inverse": the backward reads the saved A and norms (no WY inverse, no l2_rstd)
+SEGMENTS_BACKWARD = {**{k: n for k, n in FLA_BACKWARD.items() if k not in ("wy_inverse_kernel", "l2_rstd_kernel")},
+                     "segment_summary_kernel": 1, "compose_segments_kernel": 1,
                      "adjoint_segment_summary_kernel": 1, "compose_adjoints_kernel": 1}
 
 

@@ -158,8 +158,9 @@ def _graph_facts(kind: str, gm: torch.fx.GraphModule) -> dict:
 
 def traced_step(T: int = 70, H_qk: int = 1, HV: int = 2, K: int = 32, V: int = 32) -> list[dict]:
     """Compile a forward and backward of the FLA-style entry and of ``gdn_kcp``
-    with two segments, on fake bf16 tensors, Triton programs; the facts of
-    every forward and backward graph (:func:`_graph_facts`)."""
+    with two segments and ``save_mode="inverse"``, on fake bf16 tensors,
+    Triton programs; the facts of every forward and backward graph
+    (:func:`_graph_facts`)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -189,7 +190,7 @@ def traced_step(T: int = 70, H_qk: int = 1, HV: int = 2, K: int = 32, V: int = 3
 
     def segmented(q, k, v, a, b):
         o, _ = gdn_kcp(q, k, v, -a.float().abs().to(a.dtype), b.sigmoid(), ctx,
-                       options=OptionsKcp(segments=2, use_qk_l2norm=True))
+                       options=OptionsKcp(segments=2, use_qk_l2norm=True, save_mode="inverse"))
         return o.float().sum()
 
     torch._dynamo.reset()
