@@ -116,7 +116,7 @@ def check_forward_backward(results, device, dims, dtype, bounds):
 
 def time_paths(results, device, dims, dtype, bounds):
     """Forward and forward+backward times: ours (Triton programs; also under
-    ``save_mode="inverse"``, FLA's saved set) and FLA's."""
+    ``save_mode="inverse"``, which keeps A as FLA does) and FLA's."""
     H_qk, HV, K, V = dims
     ctx = build_kcp_context(bounds, device=device)
     xs = [x.requires_grad_() for x in inputs(bounds[-1], H_qk, HV, K, V, dtype, device)]

@@ -568,13 +568,16 @@ def calibration_markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def our_shape_launches(s: Shape, save_mode: str = "light") -> list[Launch]:
-    """Our launches at shape ``s`` (pool dtypes from the light layout of a
-    one-rank context of its documents: a saved tape has its pool's dtype)."""
+def shape_context(s: Shape):
+    """A one-rank context of the documents of shape ``s``."""
     per_doc = -(-s.T // s.fragments)
-    bounds = list(range(0, s.T, per_doc)) + [s.T]
-    ctx = build_kcp_context(bounds)
-    return our_launches(s, pool_element_sizes(ctx, s, OptionsKcp(use_qk_l2norm=True)), save_mode)
+    return build_kcp_context(list(range(0, s.T, per_doc)) + [s.T])
+
+
+def our_shape_launches(s: Shape, save_mode: str = "light") -> list[Launch]:
+    """Our launches at shape ``s`` (pool dtypes from the light layout of its
+    context: a saved tape has its pool's dtype)."""
+    return our_launches(s, pool_element_sizes(shape_context(s), s, OptionsKcp(use_qk_l2norm=True)), save_mode)
 
 
 def our_full_launches() -> tuple[Shape, list[Launch]]:
@@ -599,8 +602,7 @@ def save_mode_table(s: Shape, facts: Mapping, m: Machine = H200) -> list[dict]:
     bytes each saves beyond the inputs (one rank, one layer) and the ratio to
     FLA's modelled total (FLA 0.5.1 saves A and the q/k norms: "inverse")."""
     fla = fla_estimate(s, facts["fla"], m)["total_ms"]
-    per_doc = -(-s.T // s.fragments)
-    ctx = build_kcp_context(list(range(0, s.T, per_doc)) + [s.T])
+    ctx = shape_context(s)
     rows = []
     for mode in SAVE_MODES:
         ours = estimate(our_shape_launches(s, mode), facts["ours"], m)

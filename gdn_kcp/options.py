@@ -33,7 +33,7 @@ class OptionsKcp:
         values run the same path today; the ``gdn_det_*`` queries give its bytes.
     save_mode: ``"light"`` keeps no tape (the backward recomputes prep and the
         tape walk); ``"inverse"`` keeps the WY inverse A and the q/k norms
-        (flash-linear-attention's saved set: the backward recomputes only W, U
+        (as flash-linear-attention does: the backward recomputes only W, U
         and the tape walk, for ``T HV C`` more saved elements); ``"full"``
         keeps the forward tapes (A, w, v_new, h and the q/k norms) and the
         backward recomputes nothing.

@@ -110,6 +110,8 @@ def test_every_kernel_compiles_at_fla_head_sizes(tmp_path, column):
     check_readme_spills(rows, column)
 
 
+@pytest.mark.skipif(os.environ.get("GDN_KCP_COMPILE_LARGE") != "1",
+                    reason="set GDN_KCP_COMPILE_LARGE=1 (make compile-check): the larger head sizes")
 @pytest.mark.parametrize("K, V", [(256, 256), (128, 512)])
 def test_decode_kernels_compile_without_spills_at_fla_head_sizes(tmp_path, K, V):
     """The decode step programs at the larger head sizes of the compile check
