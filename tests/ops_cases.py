@@ -16,6 +16,7 @@ from gdn_kcp.ops.autograd import workspace_nbytes
 BOUNDS = [0, 40, 40, 170, 200]  # on 2 ranks the 130-token document crosses the boundary
 OPTION_SETS = [
     OptionsKcp(use_qk_l2norm=True),
+    OptionsKcp(save_mode="inverse", use_qk_l2norm=True),  # the saved A and norms: fake outputs from the query
     OptionsKcp(save_mode="full", save_transfer=True),
     OptionsKcp(boundary_mode="replay", exchange="ring", graph="replay"),
 ]
