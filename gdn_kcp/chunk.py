@@ -39,6 +39,7 @@ def chunk_gated_delta_rule(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     use_gate_in_kernel: bool = False,
+    save_mode: str = "light",
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet on one rank, chunked (C = 64), with an explicit backward.
@@ -72,6 +73,9 @@ def chunk_gated_delta_rule(
         chunk_indices: FLA's precomputed ``[NT, 2]`` chunk table; the kernels
             cut their own chunks, so it is only checked against ``cu_seqlens``.
         cp_context: FLA's context parallelism: refused (use :func:`gdn_kcp.gdn_kcp`).
+        save_mode: ``OptionsKcp.save_mode`` of the call (not FLA's): ``"light"``
+            saves nothing beyond the inputs, ``"inverse"`` keeps A and the q/k
+            norms as FLA does (a shorter backward), ``"full"`` every tape.
         kwargs: ``chunk_size`` (64 only), ``transpose_state_layout``,
             ``head_first`` (raises ``DeprecationWarning``, as FLA does). Any
             other keyword is a ``TypeError`` (FLA ignores it).
@@ -79,7 +83,7 @@ def chunk_gated_delta_rule(
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state
     fp32 (fp64 for fp64 inputs) or None. Computation is in fp32 (fp64 for fp64
     inputs). It is the one-rank case of :func:`gdn_kcp` (same host path, save
-    plan and workspace layout, default options).
+    plan and workspace layout, default options but ``save_mode``).
 
     With ``cu_seqlens`` the chunk index is built on its device at the caps of
     its length (a capped context, ``max_docs = N``), so under
@@ -124,7 +128,7 @@ def chunk_gated_delta_rule(
         v.reshape(BT, dims.HV, dims.V),
         g.reshape(BT, dims.HV),
         beta.reshape(BT, dims.HV),
-        initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel),
+        initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode),
         float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None, gate,
     )
     if not output_final_state:

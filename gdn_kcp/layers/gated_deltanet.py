@@ -178,7 +178,9 @@ class GatedDeltaNet(nn.Module):
         ``kcp_options``: the :class:`~gdn_kcp.OptionsKcp` of that call (default
         ``OptionsKcp(use_qk_l2norm=True, with_conv=True, conv_size=conv_size)``,
         the options whose byte queries count this layer's halo; see
-        :meth:`kcp_options`). Returns FLA's ``(o, None, past_key_values)``."""
+        :meth:`kcp_options`); on one rank its ``save_mode`` applies (the
+        chunked path; decode caches run without a backward). Returns FLA's
+        ``(o, None, past_key_values)``."""
         if kcp_context is not None and past_key_values is not None:
             raise ValueError("decode caches (past_key_values) run on one rank: call the layer without kcp_context "
                              "to prefill and decode")
@@ -198,7 +200,7 @@ class GatedDeltaNet(nn.Module):
             if packed:
                 raise ValueError(f"attention_mask pads rows of a batch; with {packed} the stream is already packed: "
                                  f"pack the batch's tokens into the stream instead of padding them")
-            return self._forward_padded(hidden_states, attention_mask, past_key_values, use_cache)
+            return self._forward_padded(hidden_states, attention_mask, past_key_values, use_cache, kcp_options)
         B, T, _ = hidden_states.shape
         x = hidden_states
         if past_key_values is not None:
@@ -215,7 +217,8 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._heads(qkv)
         if kcp_context is None:
             o, _ = chunk_gated_delta_rule(q, k, v, self.a_proj(x), self.b_proj(x), use_qk_l2norm_in_kernel=True,
-                                          cu_seqlens=cu_seqlens, **self._gates())
+                                          cu_seqlens=cu_seqlens, save_mode=self.kcp_options(kcp_options).save_mode,
+                                          **self._gates())
         else:
             o, _ = gdn_kcp(q, k, v, self.a_proj(x), self.b_proj(x), kcp_context,
                            options=self.kcp_options(kcp_options), workspace=workspace, **self._gates())
@@ -306,7 +309,7 @@ class GatedDeltaNet(nn.Module):
         return o, recurrent_state, conv_state
 
     def _forward_padded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, cache: object,
-                        use_cache: bool) -> tuple:
+                        use_cache: bool, kcp_options: OptionsKcp | None = None) -> tuple:
         """Unpad with the mask (each row's kept tokens one document, continuing
         the row's cached states), run the packed row, pad back with zeros."""
         B, T, D = hidden_states.shape
@@ -321,7 +324,7 @@ class GatedDeltaNet(nn.Module):
         cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
         x = hidden_states.reshape(B * T, D)[indices][None]
         if cache is None:
-            o, _, _ = self(x, cu_seqlens=cu_seqlens)
+            o, _, _ = self(x, cu_seqlens=cu_seqlens, kcp_options=kcp_options)
         else:  # the cache counts the padded width, as FLA's does
             o = self._output(x, self._forward_cached(x, cu_seqlens, cache, bool(use_cache), offset=T))
         out = o.new_zeros(B * T, o.shape[-1]).index_copy(0, indices, o[0])
