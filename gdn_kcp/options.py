@@ -51,7 +51,7 @@ class OptionsKcp:
         wire, but the ranks of a long document wait on one another).
     schedule: ``"serial"`` runs each exchange where its result is needed
         next; ``"overlap"`` (a2a) lets the backward's b2 all-to-all run under
-        the tape walk it recomputes (light save mode): b1 and b2 are issued
+        the tape walk it recomputes (light or inverse save mode): b1 and b2 are issued
         before that walk and b2 is waited for after it, which keeps ``dv``'s
         local pool and b2's buffers bound across the walk (the byte queries
         say what that costs). Without a recomputed walk (``save_mode="full"``)
