@@ -176,23 +176,19 @@ def pool_element_sizes(ctx, s: Shape, options: OptionsKcp, dtype=torch.bfloat16)
 
 # ---------------------------------------------------------------- ours
 
-OUR_PROGRAMS = {
-    "fwd": ("prep", "tape_walk", "output"),
-    "bwd": ("prep", "tape_walk", "bwd_local_dv", "adjoint_walk", "bwd_dqkwg", "bwd_wy", "bwd_gate_cumsum",
-            "bwd_qk_norm"),
-}
-"""The programs of one forward and one backward on one rank under the default
-options (host/forward.py, host/backward.py; tests/test_roofline.py checks it)."""
+FORWARD_PROGRAMS = ("prep", "tape_walk", "output")
+BACKWARD_PROGRAMS = ("bwd_local_dv", "adjoint_walk", "bwd_dqkwg", "bwd_wy", "bwd_gate_cumsum", "bwd_qk_norm")
+"""The programs of one forward, and of one backward after what it recomputes,
+on one rank (host/forward.py, host/backward.py; tests/test_roofline.py checks
+them)."""
 
 RECOMPUTED = {"light": ("prep", "tape_walk"), "inverse": ("w_u", "tape_walk"), "full": ()}
 """What the backward runs again before its own programs, per save mode."""
 
 
 def our_programs(save_mode: str = "light") -> dict[str, tuple[str, ...]]:
-    """:data:`OUR_PROGRAMS` under ``save_mode``: the backward's recomputation is
-    :data:`RECOMPUTED`'s."""
-    own = OUR_PROGRAMS["bwd"][len(RECOMPUTED["light"]):]
-    return {"fwd": OUR_PROGRAMS["fwd"], "bwd": RECOMPUTED[save_mode] + own}
+    """The programs of one forward and one backward under ``save_mode``."""
+    return {"fwd": FORWARD_PROGRAMS, "bwd": RECOMPUTED[save_mode] + BACKWARD_PROGRAMS}
 
 
 def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> list[Launch]:

@@ -116,9 +116,17 @@ def prep(
     bc, _ = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
     mode = matmul_mode(k.dtype)
     strict = causal_scores(bc[..., None] * kc, kc, gates, strict=True, mode=mode)
-    from_chunks(unit_lower_inverse(strict, mode), rows, A_out)
-    w_u(k, v, g, beta, A_out, index, gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale,
-        k_rstd=k_rstd, w_out=w_out, u_out=u_out)
+    A = unit_lower_inverse(strict, mode)
+    from_chunks(A, rows, A_out)
+    write_w_u(A, kc, bc, gates, v, rows, mode, w_out, u_out)
+
+
+def write_w_u(A, kc, bc, gates, v, rows, mode: str, w_out: torch.Tensor, u_out: torch.Tensor) -> None:
+    """W and U of chunked A, k, beta and gates into ``w_out`` / ``u_out``. The
+    products round A to the input dtype (``mode``), the dtype of prep's
+    ``A_out``: from the A prep holds or from the one it wrote, the same bits."""
+    from_chunks(lower_matmul(A, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)
+    from_chunks(lower_matmul(A, bc[..., None] * to_chunks(v, rows, A.dtype), mode), rows, u_out)
 
 
 def w_u(
@@ -146,7 +154,4 @@ def w_u(
     gates = chunk_gates(g, rows, cdt, gate_params)
     kc = load_qk(k, k_rstd, rows, cdt, v.shape[1])
     bc, _ = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
-    mode = matmul_mode(k.dtype)
-    Ac = to_chunks(A, rows, cdt)
-    from_chunks(lower_matmul(Ac, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)
-    from_chunks(lower_matmul(Ac, bc[..., None] * to_chunks(v, rows, cdt), mode), rows, u_out)
+    write_w_u(to_chunks(A, rows, cdt), kc, bc, gates, v, rows, matmul_mode(k.dtype), w_out, u_out)
