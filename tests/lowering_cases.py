@@ -64,12 +64,14 @@ def traced_ranks(rank: int, R: int, exchange: str, boundary_mode: str, more: dic
         started = [i for i, (target, args) in enumerate(calls) if "all_to_all_start" in "".join(args)]
         waited = [i for i, (target, args) in enumerate(calls) if "all_to_all_wait" in "".join(args)]
         exchanges = effects.count("gdn_kcp.all_to_all.default") + len(started)
+        hops = effects.count("gdn_kcp.send_recv.default")
         opaque = [x for target, args in calls for x in (target, *args) if "gdn_kcp.fwd" in x or "gdn_kcp.bwd" in x]
+        assert not opaque, (rank, opaque)
+        replayed = 1 if kind == "forward" or boundary_mode == "saved" else 2
         if exchange == "a2a":  # forward c1 + c2; backward b1 + b2, after c1 + c2 again if replayed
-            assert exchanges == (2 if kind == "forward" or boundary_mode == "saved" else 4), (rank, kind, exchanges)
-            assert not opaque, (rank, opaque)
-        else:  # the ring's sends stay in the opaque ops
-            assert not exchanges and opaque, (rank, kind)
+            assert (exchanges, hops) == (2 * replayed, 0), (rank, kind, exchanges, hops)
+        else:  # one hop (send or receive) at a chain's end, two (receive, then send) on a middle rank
+            assert (exchanges, hops) == (0, (2 if ctx.rank_middle[rank] else 1) * replayed), (rank, kind, hops)
         overlapped = kind == "backward" and more.get("schedule") == "overlap"
         assert len(started) == len(waited) == int(overlapped), (rank, kind, started, waited)
         if overlapped:  # b2 is issued before the recomputed tape walk and waited for after it

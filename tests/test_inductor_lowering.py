@@ -178,7 +178,8 @@ def test_one_traced_graph_serves_every_packing():
 
 @pytest.mark.parametrize("exchange, R, boundary_mode, more", [
     ("a2a", 3, "saved", {}), ("a2a", 3, "saved", {"save_transfer": True, "segments": 2}),
-    ("a2a", 2, "replay", {}), ("ring", 2, "saved", {}), ("a2a", 3, "saved", {"schedule": "overlap"}),
+    ("a2a", 2, "replay", {}), ("ring", 3, "saved", {}), ("ring", 2, "replay", {}),
+    ("a2a", 3, "saved", {"schedule": "overlap"}),
 ])
 def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     """KCP under the traced host path, on gloo ranks: with the all-to-all
@@ -186,7 +187,9 @@ def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     (``gdn_kcp::all_to_all``: two in the forward, two in the backward and
     two more with a replayed boundary, on every rank; also with the owners'
     M kept, save_transfer, and two segments per fragment) and no opaque
-    gdn_kcp::fwd / bwd; the ring keeps the opaque ops. With
+    gdn_kcp::fwd / bwd; with the ring each hop is an ordered
+    ``gdn_kcp::send_recv`` (one at a chain's end, two on a middle rank,
+    again in a replayed backward). With
     ``schedule="overlap"`` the backward's b2 is an ordered start and wait
     with the recomputed tape walk's products between them. Outputs and
     gradients equal eager on every rank."""

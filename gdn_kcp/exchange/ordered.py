@@ -1,4 +1,5 @@
-"""``gdn_kcp::all_to_all``: the traced host path's exchange, an ordered effect.
+"""``gdn_kcp::all_to_all`` and ``gdn_kcp::send_recv``: the traced host path's
+exchanges (the all-to-all and the ring's hops), ordered effects.
 
 Under torch.compile with R > 1 every rank traces its own graph (its fragments
 decide what it sends and uses), and the graph passes place a node by what
@@ -109,6 +110,33 @@ def _(handle: Tensor, send: Tensor, recvs: list[int], after: Tensor) -> Tensor:
     return send.new_empty(sum(recvs))
 
 
+@torch.library.custom_op("gdn_kcp::send_recv", mutates_args=())
+def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src: int, like: Tensor,
+                      group_name: str, after: Tensor | None = None) -> Tensor:
+    """The ring's hop (``exchange="ring"``): posts ``send`` to group rank
+    ``dst`` (none when ``dst < 0``), receives a ``recv_shape`` tensor of
+    ``like``'s dtype and device from group rank ``src`` (an empty one when
+    ``src < 0``; ``like`` is only read for those),
+    waits for the send and returns what arrived. The send is posted before
+    the receive waits, and receives wait only on one side of the chain, so a
+    chain of hops cannot deadlock. ``after``: what the call's previous
+    exchange returned (read by no one here: this hop runs after it)."""
+    group = group_from_name(group_name) if group_name else None
+    work = dist.isend(send, group=group, group_dst=dst) if dst >= 0 else None
+    received = like.new_empty(recv_shape if src >= 0 else [0])
+    if src >= 0:
+        dist.recv(received, group=group, group_src=src)
+    if work is not None:
+        work.wait()
+    return received
+
+
+@ordered_send_recv.register_fake
+def _(send: Tensor | None, dst: int, recv_shape: list[int], src: int, like: Tensor, group_name: str,
+      after: Tensor | None = None) -> Tensor:
+    return like.new_empty(recv_shape if src >= 0 else [0])
+
+
 def _register_ordered(op) -> bool:
     """Register ``op`` as an ordered effect: ``CustomOpDef.register_effect``
     (torch 2.13), else the older private registry; False when neither exists
@@ -129,5 +157,6 @@ def _register_ordered(op) -> bool:
         return False
 
 
-ORDERED = all([_register_ordered(op) for op in (ordered_all_to_all, all_to_all_start, all_to_all_wait)])
+ORDERED = all([_register_ordered(op) for op in (ordered_all_to_all, all_to_all_start, all_to_all_wait,
+                                                 ordered_send_recv)])
 """Whether the exchange is an ordered effect in this torch (KCP traces only then)."""

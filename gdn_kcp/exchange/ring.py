@@ -19,16 +19,36 @@ from gdn_kcp.options import OptionsKcp
 
 from .a2a import keep_own_m
 from .counting import count
+from .ordered import ordered_send_recv
 
 
-def _isend(ctx: KcpContext, name: str, tensor: torch.Tensor, peer: int):
-    count(name, [tensor], [])
-    return dist.isend(tensor, group=ctx.group, group_dst=peer)
-
-
-def _recv(ctx: KcpContext, name: str, into: torch.Tensor, peer: int) -> None:
-    dist.recv(into, group=ctx.group, group_src=peer)
-    count(name, [], [into])
+def _hop(ctx: KcpContext, buffers, name: str, send: torch.Tensor | None, dst: int | None,
+         into: torch.Tensor | None, src: int | None) -> None:
+    """One hop of a chain: ``send`` to rank ``dst`` (None: nothing to send),
+    ``into`` filled from rank ``src`` (None: nothing to receive); the send is
+    posted first and waited for last. Traced (torch.compile inside
+    :func:`gdn_kcp.trace_host_path`): the ordered ``gdn_kcp::send_recv``
+    (:mod:`.ordered`), copied into ``into``, after the call's previous
+    exchange by data (``buffers.last_exchange``)."""
+    if send is None and into is None:
+        return
+    if torch.compiler.is_compiling():
+        received = ordered_send_recv(send, -1 if send is None else dst, [] if into is None else list(into.shape),
+                                     -1 if into is None else src, send if into is None else into, ctx.group_name,
+                                     buffers.last_exchange)
+        buffers.last_exchange = received
+        if into is not None:
+            into.copy_(received)
+        return
+    work = None
+    if send is not None:
+        count(name, [send], [])
+        work = dist.isend(send, group=ctx.group, group_dst=dst)
+    if into is not None:
+        dist.recv(into, group=ctx.group, group_src=src)
+        count(name, [], [into])
+    if work is not None:
+        work.wait()
 
 
 def forward_ring(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, K: int, V: int,
@@ -41,21 +61,14 @@ def forward_ring(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int,
     mid = ctx.rank_middle[me]
     arena.phase(f"{phase_call}.phase.c1")
     keep_own_m(buffers, summary, mid, V)
-    pending = []
-    if ctx.n_out and not mid:  # the document starts here: S_end = S_loc
-        pending.append(_isend(ctx, "c1", summary, ctx.rank_next[me]))
-    s_in = None
-    if ctx.n_in:
-        s_in = buffers.take("s_in")
-        _recv(ctx, "c1", s_in, ctx.rank_prev[me])
+    s_in = buffers.take("s_in") if ctx.n_in else None
+    starts = ctx.n_out and not mid  # the document starts here: S_end = S_loc
+    _hop(ctx, buffers, "c1", summary if starts else None, ctx.rank_next[me], s_in, ctx.rank_prev[me])
     if mid:
         state_out = arena.bind("ring_send")
         torch.matmul(summary[..., V:], s_in, out=state_out)
         state_out.add_(summary[..., :V])
-        pending.append(_isend(ctx, "c1", state_out, ctx.rank_next[me]))
-    for work in pending:
-        work.wait()
-    if mid:
+        _hop(ctx, buffers, "c1", state_out, ctx.rank_next[me], None, None)
         arena.release("ring_send")
     if ctx.n_out and not (phase_call == "bwd" and mid):
         arena.release("summary")
@@ -71,21 +84,14 @@ def backward_ring(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV
     arena, me = buffers.arena, ctx.rank
     mid = ctx.rank_middle[me]
     arena.phase("bwd.phase.b1")
-    pending = []
-    if ctx.n_in and not mid:  # the document ends here: lambda_start = nu
-        pending.append(_isend(ctx, "b1", nu, ctx.rank_prev[me]))
-    lam = None
-    if ctx.n_out:
-        lam = arena.bind("lam")
-        _recv(ctx, "b1", lam, ctx.rank_next[me])
+    lam = arena.bind("lam") if ctx.n_out else None
+    ends = ctx.n_in and not mid  # the document ends here: lambda_start = nu
+    _hop(ctx, buffers, "b1", nu if ends else None, ctx.rank_prev[me], lam, ctx.rank_next[me])
     if mid:
         adjoint_out = arena.bind("ring_send")
         torch.matmul(m[0].mT, lam[0], out=adjoint_out[0])
         adjoint_out.add_(nu)
-        pending.append(_isend(ctx, "b1", adjoint_out, ctx.rank_prev[me]))
-    for work in pending:
-        work.wait()
-    if mid:
+        _hop(ctx, buffers, "b1", adjoint_out, ctx.rank_prev[me], None, None)
         arena.release("ring_send")
     if ctx.n_in:
         arena.release("nu")

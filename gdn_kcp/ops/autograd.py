@@ -3,8 +3,7 @@
 By default (eager and compiled) it allocates each call's workspace with
 ``torch.empty`` of the queried bytes, unless the caller holds a
 :class:`WorkspaceKcp`, and saves exactly what the forward op returns for the
-backward. Inside :func:`trace_host_path` (no held workspace; one rank or the
-all-to-all exchange) it runs the ops' bodies instead of the opaque ops: each
+backward. Inside :func:`trace_host_path` (no held workspace) it runs the ops' bodies instead of the opaque ops: each
 pool is its own ``torch.empty`` and every program its own op
 (:mod:`gdn_kcp.ops.programs`); under ``torch.compile`` Dynamo traces that
 host path and Inductor plans and fuses it.
@@ -66,8 +65,7 @@ TRACE_HOST_PATH = False
 @contextlib.contextmanager
 def trace_host_path(enabled: bool = True) -> Iterator[None]:
     """Within the block, ``torch.compile`` traces the host path of the calls it
-    compiles (no held workspace; one rank, or KCP with the all-to-all
-    exchange) instead of keeping the opaque ops: every program (its
+    compiles (no held workspace; one rank or KCP, either exchange) instead of keeping the opaque ops: every program (its
     ``gdn_kcp::<program>`` op) and pool is in the graph, for Inductor to plan
     and fuse. Eager calls in the block run the same decomposition (a pool per
     buffer, an op per program), so a FakeTensor ``MemTracker`` trace sees
@@ -93,17 +91,16 @@ def trace_host_path(enabled: bool = True) -> Iterator[None]:
         TRACE_HOST_PATH = previous
 
 
-def traces_host_path(meta: tuple, workspace, options: str) -> bool:
+def traces_host_path(meta: tuple, workspace) -> bool:
     """True when the call runs the ops' bodies over the per-program ops
     (:mod:`gdn_kcp.ops.programs`) with a pool per buffer: inside
     :func:`trace_host_path` (compiled, where Dynamo traces the host path, or
     eager, e.g. a MemTracker trace of it), with no caller-held workspace
-    (whose bytes the opaque op carves), on one rank or with the all-to-all
-    exchange (each exchange an ordered ``gdn_kcp::all_to_all``,
-    :mod:`gdn_kcp.exchange.ordered`; the ring's point-to-point sends stay in
-    the opaque ops)."""
-    one_rank_or_a2a = meta[0] == 1 or (ORDERED and "exchange=a2a" in options.split(";"))
-    return TRACE_HOST_PATH and workspace is None and one_rank_or_a2a
+    (whose bytes the opaque op carves), on one rank or over KCP ranks when
+    the exchanges are ordered effects (each all-to-all a
+    ``gdn_kcp::all_to_all``, each hop of the ring a ``gdn_kcp::send_recv``:
+    :mod:`gdn_kcp.exchange.ordered`)."""
+    return TRACE_HOST_PATH and workspace is None and (meta[0] == 1 or ORDERED)
 
 
 class GdnFunction(torch.autograd.Function):
@@ -113,7 +110,7 @@ class GdnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta: tuple,
                 group_name: str, options: str, scale: float, n_final_states: int, gate_params, beta_mode: tuple):
-        if traces_host_path(meta, workspace, options):
+        if traces_host_path(meta, workspace):
             o, final_state, *saved = forward_body(
                 q, k, v, g, beta, initial_state, None, chunk_table, frag_table, list(meta), group_name, options,
                 scale, n_final_states, gate_params, *beta_mode,
@@ -135,7 +132,7 @@ class GdnFunction(torch.autograd.Function):
         meta, group_name, options, scale, n_final_states, beta_mode = ctx.args
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
         do, d_final_state = do.contiguous(), d_final_state.contiguous() if n_final_states else None
-        if traces_host_path(meta, ctx.workspace, options):
+        if traces_host_path(meta, ctx.workspace):
             dq, dk, dv, dg, dbeta, d_initial, d_gate = backward_body(
                 do, d_final_state, q, k, v, g, beta, initial_state, saved, None, chunk_table, frag_table,
                 list(meta), group_name, options, scale, needs_d_initial, gate_params, *beta_mode,
