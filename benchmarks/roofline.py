@@ -83,6 +83,7 @@ from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import head_block, walk_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
+from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
 
 from gdn_kcp import OptionsKcp, build_kcp_context
 from gdn_kcp.options import SAVE_MODES
@@ -202,13 +203,17 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
     def prep(phase: str) -> list[Launch]:
         norm = Launch(phase, "l2_rstd_kernel", -(-s.T // C) * H,
                       Work(fp32=2 * C * K, bytes=C * K * n + C * e["q_rstd"]))
-        steps = BC - 1  # the diagonal blocks' substitution, every block at once
-        merges = sum(C // (2 * b) * 2 * (2 * b**3) for b in (BC, 2 * BC))  # pairs x two products, at 16 and 32
-        inverse = Work(bf16=2 * C * C * K + merges,  # L, the block merges
-                       fp32=steps * SOLVE_OPS * C * BC,
+        SB = SUBSTITUTION_BLOCK
+        steps = SB - 1  # the half blocks' substitution, every block at once
+
+        def merges(*blocks: int) -> int:  # pairs x two products, merging blocks of each size
+            return sum(C // (2 * b) * 2 * (2 * b**3) for b in blocks)
+
+        inverse = Work(bf16=2 * C * C * K + merges(BC, 2 * BC),  # L, the tensor-core merges at 16 and 32
+                       fp32=steps * SOLVE_OPS * C * SB + merges(SB),  # substitution, the exact merge at 8
                        bytes=C * K * n + C * e["k_rstd"] + 2 * C * n + C * C * e["A"])
         return [norm, norm, Launch(phase, "wy_inverse_kernel", NC * HV, inverse, steps,
-                                   Work(fp32=SOLVE_OPS * C * BC)), *w_u(phase)]
+                                   Work(fp32=SOLVE_OPS * C * SB)), *w_u(phase)]
 
     def w_u(phase: str) -> list[Launch]:
         work = Work(bf16=2 * C * C * K + 2 * C * C * V,

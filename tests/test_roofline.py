@@ -103,10 +103,11 @@ def test_our_launches_counted_by_hand():
     assert (walk.programs, walk.steps) == (2, 2) and walk.work == walk.step * 2
     assert walk.step == Work(bf16=65536, bytes=2048 + 256 + 128 + 2048 + 4096 + 512)  # k, k_rstd, g, w, u + v_new, h
     inverse, w_u = launch_of(launches, "wy_inverse_kernel"), launch_of(launches, "prep_kernel")
-    assert inverse.steps == 15 and inverse.step == Work(fp32=6 * 64 * 16)  # four 16-row diagonal blocks at once
-    # L 2*64*64*16, the merges: 2 pairs x 2 products x 2*16^3, then 2 products x 2*32^3; k, k_rstd, g and beta,
-    # A written
-    assert inverse.work == Work(bf16=131072 + 32768 + 131072, fp32=15 * 6 * 64 * 16, bytes=2048 + 256 + 256 + 8192)
+    assert inverse.steps == 7 and inverse.step == Work(fp32=6 * 64 * 8)  # eight 8-row half blocks at once
+    # L 2*64*64*16, the merges on tensor cores: 2 pairs x 2 products x 2*16^3, then 2 products x 2*32^3; in fp32
+    # the substitution and the exact merges at 8: 4 pairs x 2 products x 2*8^3; k, k_rstd, g and beta, A written
+    assert inverse.work == Work(bf16=131072 + 32768 + 131072, fp32=7 * 6 * 64 * 8 + 4 * 2 * 2 * 8**3,
+                                bytes=2048 + 256 + 256 + 8192)
     # W and U 2*64*64*(16 + 16); A read, k, k_rstd, g and beta, v, w and u written
     assert w_u.work == Work(bf16=262144, bytes=8192 + 2048 + 256 + 256 + 2048 + 2048 + 2048)
     assert launch_of(launches, "prep_kernel", "bwd") == replace(w_u, phase="bwd")

@@ -1,5 +1,6 @@
 """The blocked WY inverse ``(I + L)^-1`` of prep (both twins): 16x16 diagonal
-blocks by substitution, merged to 32 and 64 with products under the precision
+blocks inverted exactly (torch: a triangular solve; Triton: substitution on their
+8x8 halves and an fp32 merge), merged to 32 and 64 with products under the precision
 rule. Against ``torch.linalg.solve_triangular`` in fp64: exact to fp64 rounding
 for fp64, and within the bound of its rounding points for bf16 products."""
 

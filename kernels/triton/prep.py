@@ -14,7 +14,7 @@ from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
 from ._common import (BT, acc_dtype, chunk_tokens, dot, head_block, launch, load_beta, load_gates, load_operand,
                       load_qk_cols, load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols, store_scalars)
-from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
+from .wy_inverse import BKS_INVERSE, MAX_REGISTERS as INVERSE_MAX_REGISTERS, wy_inverse_kernel
 from .wy_inverse import NUM_WARPS as INVERSE_WARPS
 
 NUM_WARPS = 4
@@ -132,6 +132,7 @@ def prep(
     launch(wy_inverse_kernel)[grid](
         k, g, gate, beta, index.chunk_table, k_rstd, A_out, index.n_chunks, H_qk, HV, K,
         BKS=min(BKS_INVERSE, head_block(K)), **flags, num_warps=INVERSE_WARPS,
+        **register_cap(INVERSE_MAX_REGISTERS),
     )
     w_u(k, v, g, beta, A_out, index, gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale,
         k_rstd=k_rstd_out, w_out=w_out, u_out=u_out)

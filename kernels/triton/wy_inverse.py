@@ -3,13 +3,15 @@
 launch of ``prep`` (``kernels.torch.prep`` computes the same A inside its prep).
 
 A program of its own rather than a stage of one prep program: the inverse is a
-chain of 15 dependent substitution steps, and in an 8-warp prep one program
-held an SM alone and waited out every step's latency (the calibrated model,
-``benchmarks/roofline.py``: 1.55 ms of prep at T = 32K, HV = 32, against FLA's
-0.57 ms for its two launches). At 4 warps over key slices of 64, three programs
-share an SM and hide each other's steps; with the block merges as batched
-``[16, 16]`` and ``[32, 32]`` products (:func:`merge_pairs`) the model prices
-it at 324 us (561 with the ``[64, 64]`` merges; 662 at 8 warps)."""
+chain of dependent substitution steps (15 when they ran on the 16-row blocks),
+and in an 8-warp prep one program held an SM alone and waited out every step's
+latency (the calibrated model, ``benchmarks/roofline.py``: 1.55 ms of prep at
+T = 32K, HV = 32, against FLA's 0.57 ms for its two launches). At 4 warps over
+key slices of 64, three programs share an SM and hide each other's steps; with
+the block merges as batched ``[16, 16]`` and ``[32, 32]`` products
+(:func:`merge_pairs`) the model priced it at 324 us (561 with the ``[64, 64]``
+merges; 662 at 8 warps), and with the substitution on 8-row halves
+(:func:`diagonal_block_inverse`) at 218 us, against 260 for FLA's kkt + solve."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ from ._common import (causal_segments, chunk_tokens, dot, load_beta, load_gates,
 NUM_WARPS = 4
 """Warps per program (compile_specs --report)."""
 
+MAX_REGISTERS = 168
+"""ptxas's registers per thread (``maxnreg``): three 4-warp programs share an
+SM up to 168. Uncapped, triton 3.6 gives 175 (two per SM), and capped it
+spills nothing (sm_90, bf16, K = V = 128)."""
+
 BKS_INVERSE = 64
 """Key columns per slice of ``K K^T``. On sm_90 (bf16, K = V = 128, triton 3.6)
 at 4 warps: 167 registers and three programs per SM at 64 and at 16, 201 and
@@ -31,6 +38,9 @@ HV = 32); at 2 warps slices of 32 spill 228 B per thread."""
 
 BC = tl.constexpr(INVERSE_BLOCK)
 """Diagonal blocks of :func:`unit_lower_inverse` (``kernels.torch.prep.INVERSE_BLOCK``)."""
+
+SUBSTITUTION_BLOCK = INVERSE_BLOCK // 2
+"""Blocks solved by substitution (:func:`diagonal_block_inverse` halves each ``BC`` block)."""
 
 
 @triton.jit
@@ -53,24 +63,61 @@ def pair_member(x, i: tl.constexpr):
 
 
 @triton.jit
-def diagonal_block_inverse(b_D):
-    """``(I + D)^-1`` of a ``[NB, BC, BC]`` stack of strictly lower blocks, by
+def halves(b_D):
+    """The ``[S, S]`` quarters of a ``[NB, 2 S, 2 S]`` stack that a merge reads:
+    the two diagonal ones of each block (``[2 NB, S, S]``, block ``b``'s at
+    ``2 b`` and ``2 b + 1``, the pairing of :func:`pair_member`) and the one
+    below them (``[NB, S, S]``)."""
+    NB: tl.constexpr = b_D.shape[0]
+    S: tl.constexpr = b_D.shape[1] // 2
+    quarters = tl.reshape(b_D, [NB, 2, S, 2, S])
+    o_m = tl.arange(0, 2)
+    s, t = o_m[None, :, None, None, None], o_m[None, None, None, :, None]
+    diagonal = tl.reshape(tl.sum(tl.where(s == t, quarters, 0.0), 3), [2 * NB, S, S])
+    below = tl.sum(tl.sum(tl.where((s == 1) & (t == 0), quarters, 0.0), 3), 1)
+    return diagonal, below
+
+
+@triton.jit
+def small_products(a, b):
+    """Batched ``[P, M, N] @ [P, N, R]`` by broadcast and sum, exact in the
+    operands' dtype (blocks under ``tl.dot``'s 16)."""
+    return tl.sum(a[:, :, :, None] * b[:, None, :, :], 2)
+
+
+@triton.jit
+def substitution_inverse(b_D):
+    """``(I + D)^-1`` of a ``[NB, S, S]`` stack of strictly lower blocks, by
     forward substitution in the compute dtype: step r solves row r of every
-    block at once, ``Ai[r] = e_r - D[r, :r] Ai[:r]``, over ``NB BC^2``
-    elements (as one packed ``[BT, BT]`` tile, each of the 15 steps was two
+    block at once, ``Ai[r] = e_r - D[r, :r] Ai[:r]``, over ``NB S^2``
+    elements (as one packed ``[BT, BT]`` tile, each step was two
     4,096-element reductions, most of them masked zeros). Built as its
     transpose ``AiT[b, i, r] = Ai[b, r, i]`` so that each reduction yields its
     vector in the layout the next broadcast reads."""
     NB: tl.constexpr = b_D.shape[0]
-    BC: tl.constexpr = b_D.shape[1]
-    o_c = tl.arange(0, BC)
+    S: tl.constexpr = b_D.shape[1]
+    o_c = tl.arange(0, S)
     eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0).to(b_D.dtype)
-    b_AiT = tl.broadcast_to(eye[None, :, :], [NB, BC, BC])
-    for r in tl.static_range(1, BC):
+    b_AiT = tl.broadcast_to(eye[None, :, :], [NB, S, S])
+    for r in tl.static_range(1, S):
         b_l = tl.sum(tl.where(o_c[None, :, None] == r, b_D, 0.0), 1)  # [block, j]: row r of each block
         b_a = -tl.sum(b_AiT * b_l[:, None, :], 2)  # [block, i]: rows above r are final, the rest read 0
         b_AiT = tl.where((o_c[None, None, :] == r) & (o_c[None, :, None] != r), b_a[:, :, None], b_AiT)
     return tl.trans(b_AiT, 0, 2, 1)
+
+
+@triton.jit
+def diagonal_block_inverse(b_D):
+    """``(I + D)^-1`` of a ``[NB, BC, BC]`` stack of strictly lower blocks, all
+    in the compute dtype (no operand rounding): the ``BC / 2`` halves by
+    :func:`substitution_inverse`, merged by exact :func:`small_products`. At
+    ``BC = 16`` that is 7 dependent steps over 512 elements and two
+    ``[8, 8]`` products per block, where substitution over the whole blocks
+    took 15 steps over 1,024 (the calibrated model: 92,160 fp32 operations a
+    program against 29,696, the WY inverse 325 against 218 us at T = 32K,
+    HV = 32)."""
+    b_H, b_M = halves(b_D)
+    return merge_pairs(substitution_inverse(b_H), b_M, "ieee")
 
 
 @triton.jit
@@ -87,7 +134,10 @@ def merge_pairs(b_Ai, b_M, MM: tl.constexpr):
     blocks pass through unrounded."""
     BC: tl.constexpr = b_Ai.shape[1]
     b_E, b_O = pair_member(b_Ai, 0), pair_member(b_Ai, 1)
-    b_X = dot(dot(b_O, b_M, MM), b_E, MM)
+    if BC < 16:  # under tl.dot's smallest block (diagonal_block_inverse's halves, MM "ieee")
+        b_X = small_products(small_products(b_O, b_M), b_E)
+    else:
+        b_X = dot(dot(b_O, b_M, MM), b_E, MM)
     o_m = tl.arange(0, 2)
     s, t = o_m[None, :, None, None, None], o_m[None, None, None, :, None]  # [pair, s, row, t, col]
     out = tl.where((s == 0) & (t == 0), b_E[:, None, :, None, :],
