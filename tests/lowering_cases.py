@@ -6,7 +6,7 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
-from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp, trace_host_path
+from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp, record_comm_bytes, trace_host_path
 
 
 def randn(*shape, dtype=torch.float64, seed=0) -> torch.Tensor:
@@ -15,20 +15,24 @@ def randn(*shape, dtype=torch.float64, seed=0) -> torch.Tensor:
 
 def traced_equals_eager(fn, run, where) -> list:
     """``run(fn)`` eagerly and ``run`` of ``fn`` compiled in :func:`trace_host_path`
-    (aot_eager): every result equal within 1e-12; returns the forward and
-    backward graphs."""
+    (aot_eager): every result equal within 1e-12, and the bytes each exchange
+    hands to torch.distributed (:func:`record_comm_bytes`, counted inside the
+    traced exchanges' ops) the same; returns the forward and backward graphs."""
     graphs = []
 
     def keep(gm, example_inputs):
         graphs.append(gm)
         return make_boxed_func(gm)
 
-    eager = run(fn)
+    with record_comm_bytes() as eager_bytes:
+        eager = run(fn)
     torch._dynamo.reset()
-    with trace_host_path():
-        got = run(torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep)))
+    compiled = torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    with trace_host_path(), record_comm_bytes() as traced_bytes:
+        got = run(compiled)
     for i, (a, b) in enumerate(zip(got, eager, strict=True)):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), (where, i, float((a - b).abs().max()))
+    assert traced_bytes == eager_bytes, (where, traced_bytes, eager_bytes)
     return graphs
 
 

@@ -29,7 +29,7 @@ def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tens
     (:mod:`.ordered`), copied into ``recv``, after the call's previous
     exchange by data (``buffers.last_exchange``)."""
     if torch.compiler.is_compiling():
-        received = ordered_all_to_all(send.reshape(-1), list(sends), list(recvs), ctx.group_name,
+        received = ordered_all_to_all(send.reshape(-1), list(sends), list(recvs), ctx.group_name, name,
                                       buffers.last_exchange)
         buffers.last_exchange = received
         recv.view(-1).copy_(received)
@@ -52,7 +52,8 @@ class InFlight:
         self.recv, self.send, self.recvs, self.on_finish = recv, send.reshape(-1), list(recvs), on_finish
         self.buffers, self.handle, self.work = buffers, None, None
         if torch.compiler.is_compiling():
-            self.handle = all_to_all_start(self.send, list(sends), self.recvs, ctx.group_name, buffers.last_exchange)
+            self.handle = all_to_all_start(self.send, list(sends), self.recvs, ctx.group_name, name,
+                                           buffers.last_exchange)
         else:
             self.work = dist.all_to_all_single(recv.view(-1), send.view(-1), output_split_sizes=recvs,
                                                input_split_sizes=sends, group=ctx.group, async_op=True)

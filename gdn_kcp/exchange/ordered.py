@@ -38,22 +38,29 @@ from torch import Tensor
 
 from gdn_kcp.context.from_meta import group_from_name
 
+from .counting import count
+
 
 @torch.library.custom_op("gdn_kcp::all_to_all", mutates_args=())
-def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_name: str,
+def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
                        after: Tensor | None = None) -> Tensor:
     """``send`` (1-D) split by ``sends`` to the ranks of ``group_name`` (empty:
     the default group, as a context built without a group); returns what
-    arrives, 1-D, split by ``recvs``. ``after``: what the call's previous
-    exchange returned (read by no one here: this exchange runs after it)."""
+    arrives, 1-D, split by ``recvs``. ``collective`` names it to
+    :func:`~gdn_kcp.exchange.record_comm_bytes` (the body runs in the compiled
+    graph, so a traced exchange counts as an eager one). ``after``: what the
+    call's previous exchange returned (read by no one here: this exchange
+    runs after it)."""
     received = send.new_empty(sum(recvs))
     dist.all_to_all_single(received, send, output_split_sizes=recvs, input_split_sizes=sends,
                            group=group_from_name(group_name) if group_name else None)
+    count(collective, [send], [received])
     return received
 
 
 @ordered_all_to_all.register_fake
-def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, after: Tensor | None = None) -> Tensor:
+def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
+      after: Tensor | None = None) -> Tensor:
     return send.new_empty(sum(recvs))
 
 
@@ -64,20 +71,23 @@ read)."""
 
 
 @torch.library.custom_op("gdn_kcp::all_to_all_start", mutates_args=())
-def all_to_all_start(send: Tensor, sends: list[int], recvs: list[int], group_name: str,
+def all_to_all_start(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
                      after: Tensor | None = None) -> Tensor:
-    """Issues :func:`ordered_all_to_all` without waiting; returns its handle
-    (a one-element CPU tensor, known by its address) for ``all_to_all_wait``."""
+    """Issues :func:`ordered_all_to_all` without waiting (counted as issued);
+    returns its handle (a one-element CPU tensor, known by its address) for
+    ``all_to_all_wait``."""
     received = send.new_empty(sum(recvs))
     work = dist.all_to_all_single(received, send, output_split_sizes=recvs, input_split_sizes=sends,
                                   group=group_from_name(group_name) if group_name else None, async_op=True)
+    count(collective, [send], [received])
     handle = torch.empty(1, dtype=torch.int64)
     _IN_FLIGHT[handle.data_ptr()] = (work, received)
     return handle
 
 
 @all_to_all_start.register_fake
-def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, after: Tensor | None = None) -> Tensor:
+def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
+      after: Tensor | None = None) -> Tensor:
     return torch.empty(1, dtype=torch.int64)
 
 
@@ -112,20 +122,26 @@ def _(handle: Tensor, send: Tensor, recvs: list[int], after: Tensor) -> Tensor:
 
 @torch.library.custom_op("gdn_kcp::send_recv", mutates_args=())
 def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src: int, like: Tensor,
-                      group_name: str, after: Tensor | None = None) -> Tensor:
+                      group_name: str, collective: str, after: Tensor | None = None) -> Tensor:
     """The ring's hop (``exchange="ring"``): posts ``send`` to group rank
     ``dst`` (none when ``dst < 0``), receives a ``recv_shape`` tensor of
     ``like``'s dtype and device from group rank ``src`` (an empty one when
     ``src < 0``; ``like`` is only read for those),
     waits for the send and returns what arrived. The send is posted before
     the receive waits, and receives wait only on one side of the chain, so a
-    chain of hops cannot deadlock. ``after``: what the call's previous
-    exchange returned (read by no one here: this hop runs after it)."""
+    chain of hops cannot deadlock. ``collective``: its name to
+    :func:`~gdn_kcp.exchange.record_comm_bytes`, as :func:`ordered_all_to_all`.
+    ``after``: what the call's previous exchange returned (read by no one
+    here: this hop runs after it)."""
     group = group_from_name(group_name) if group_name else None
-    work = dist.isend(send, group=group, group_dst=dst) if dst >= 0 else None
+    work = None
+    if dst >= 0:
+        count(collective, [send], [])
+        work = dist.isend(send, group=group, group_dst=dst)
     received = like.new_empty(recv_shape if src >= 0 else [0])
     if src >= 0:
         dist.recv(received, group=group, group_src=src)
+        count(collective, [], [received])
     if work is not None:
         work.wait()
     return received
@@ -133,7 +149,7 @@ def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src:
 
 @ordered_send_recv.register_fake
 def _(send: Tensor | None, dst: int, recv_shape: list[int], src: int, like: Tensor, group_name: str,
-      after: Tensor | None = None) -> Tensor:
+      collective: str, after: Tensor | None = None) -> Tensor:
     return like.new_empty(recv_shape if src >= 0 else [0])
 
 

@@ -35,7 +35,7 @@ def _hop(ctx: KcpContext, buffers, name: str, send: torch.Tensor | None, dst: in
     if torch.compiler.is_compiling():
         received = ordered_send_recv(send, -1 if send is None else dst, [] if into is None else list(into.shape),
                                      -1 if into is None else src, send if into is None else into, ctx.group_name,
-                                     buffers.last_exchange)
+                                     name, buffers.last_exchange)
         buffers.last_exchange = received
         if into is not None:
             into.copy_(received)
