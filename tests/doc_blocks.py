@@ -5,6 +5,8 @@ python comment also starts with ``#``)."""
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 from doc_tables import DOC_FILES, ROOT
@@ -44,9 +46,19 @@ def every_block() -> dict[tuple[str, str], int]:
     return counts
 
 
+def block_namespace() -> dict[str, object]:
+    """A fresh namespace for blocks, the globals of an importable module
+    ``doc_block``: Dynamo in torch 2.11 imports a compiled function's module by
+    its ``__name__`` ("No module named 'doc_block'" with a plain dict)."""
+    module = types.ModuleType("doc_block")
+    sys.modules["doc_block"] = module
+    return module.__dict__
+
+
 def run_block(file: str, heading: str, index: int = 0, namespace: dict | None = None) -> dict[str, object]:
-    """Execute one block as a script would run it; returns its namespace."""
-    namespace = {"__name__": "doc_block"} if namespace is None else namespace
+    """Execute one block as a script would run it; returns its namespace
+    (:func:`block_namespace` unless one is given)."""
+    namespace = block_namespace() if namespace is None else namespace
     code = python_blocks(file, heading)[index]
     exec(compile(code, f"{file} # {heading}, block {index + 1}", "exec"), namespace)
     return namespace

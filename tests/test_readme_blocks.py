@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from doc_blocks import every_block, python_blocks, run_block
+from doc_blocks import block_namespace, every_block, python_blocks, run_block
 from doc_tables import options_of, table_rows
 
 from gdn_kcp import OptionsKcp
@@ -127,7 +127,7 @@ def test_kcp_block_on_two_ranks(file, heading):
 def test_compile_and_memory_blocks():
     """The torch.compile block (a compiled layer, forward and backward) and the
     FakeTensor memory block after it, in one namespace as docs/compile.md says."""
-    namespace: dict[str, object] = {"__name__": "doc_block"}
+    namespace = block_namespace()
     for index in range(2):
         run_block("docs/compile.md", "torch.compile and CUDA graphs", index, namespace)
     assert namespace["layer"].qkv.weight.grad is not None  # the real layer of block 1 after its backward
