@@ -32,9 +32,10 @@ spills nothing (sm_90, bf16, K = V = 128)."""
 
 BKS_INVERSE = 64
 """Key columns per slice of ``K K^T``. On sm_90 (bf16, K = V = 128, triton 3.6)
-at 4 warps: 167 registers and three programs per SM at 64 and at 16, 201 and
-two at 32 (the calibrated model: 324 against 339 us a launch at T = 32K,
-HV = 32); at 2 warps slices of 32 spill 228 B per thread."""
+at 4 warps, with the substitution on the 16-row blocks: 167 registers and three
+programs per SM at 64 and at 16, 201 and two at 32 (the calibrated model: 324
+against 339 us a launch at T = 32K, HV = 32); at 2 warps slices of 32 spill
+228 B per thread."""
 
 BC = tl.constexpr(INVERSE_BLOCK)
 """Diagonal blocks of :func:`unit_lower_inverse` (``kernels.torch.prep.INVERSE_BLOCK``)."""
