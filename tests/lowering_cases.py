@@ -116,7 +116,8 @@ def overlap_in_output_code(rank: int, R: int) -> None:
     ``schedule="overlap"`` compiled by Inductor in :func:`trace_host_path`.
     The backward's output code issues b2 (``all_to_all_start``), runs the
     recomputed tape walk's kernels, then waits (``all_to_all_wait``); outputs
-    and gradients equal eager within 1e-12 (fp64)."""
+    and gradients equal eager within 1e-12 (fp64), and the bytes counted by
+    :func:`record_comm_bytes` too."""
     from torch._inductor.utils import run_and_get_code
 
     T, H_qk, HV, K, V = 200, 1, 2, 16, 16  # every rank walks a fragment of two chunks
@@ -135,12 +136,14 @@ def overlap_in_output_code(rank: int, R: int) -> None:
         w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)
         return [o.detach(), *torch.autograd.grad((o * w).sum(), leaves)]
 
-    eager = run(gdn_kcp)
+    with record_comm_bytes() as eager_bytes:
+        eager = run(gdn_kcp)
     torch._dynamo.reset()
-    with trace_host_path():
+    with trace_host_path(), record_comm_bytes() as compiled_bytes:
         got, codes = run_and_get_code(run, torch.compile(gdn_kcp, fullgraph=True))
     for i, (a, b) in enumerate(zip(got, eager, strict=True)):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, i, float((a - b).abs().max()))
+    assert compiled_bytes == eager_bytes, (rank, compiled_bytes, eager_bytes)  # Inductor runs the ops' bodies
     backward = [code for code in codes if "all_to_all_start" in code]
     assert len(backward) == 1, (rank, len(codes))
     calls = [line.strip() for line in backward[0].splitlines() if "(" in line and "def " not in line]
