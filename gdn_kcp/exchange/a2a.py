@@ -20,7 +20,7 @@ from gdn_kcp.options import OptionsKcp
 from gdn_kcp.queries.comm import a2a_split_elements
 
 from .counting import count
-from .ordered import all_to_all_issued, all_to_all_start, all_to_all_wait, ordered_all_to_all
+from .ordered import all_to_all_into, all_to_all_issued, all_to_all_start, all_to_all_wait, ordered_all_to_all
 
 
 def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs, buffers) -> None:
@@ -34,9 +34,7 @@ def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tens
         buffers.last_exchange = received
         recv.view(-1).copy_(received)
         return
-    dist.all_to_all_single(recv.view(-1), send.view(-1), output_split_sizes=recvs, input_split_sizes=sends,
-                           group=ctx.group)
-    count(name, [send], [recv])
+    all_to_all_into(recv.view(-1), send.view(-1), list(sends), list(recvs), ctx.group, name)
 
 
 class InFlight:

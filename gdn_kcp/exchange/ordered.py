@@ -41,6 +41,30 @@ from gdn_kcp.context.from_meta import group_from_name
 from .counting import count
 
 
+def all_to_all_into(recv: Tensor, send: Tensor, sends: list[int], recvs: list[int], group, collective: str) -> None:
+    """The all-to-all itself, eager or in the op's body: 1-D ``send`` split by
+    ``sends`` to the group, 1-D ``recv`` filled split by ``recvs``, counted
+    for :func:`~gdn_kcp.exchange.record_comm_bytes` as ``collective``."""
+    dist.all_to_all_single(recv, send, output_split_sizes=recvs, input_split_sizes=sends, group=group)
+    count(collective, [send], [recv])
+
+
+def send_recv_into(send: Tensor | None, dst: int, into: Tensor | None, src: int, group, collective: str) -> None:
+    """One hop itself, eager or in the op's body: ``send`` posted to group
+    rank ``dst`` (None: nothing), ``into`` received from group rank ``src``
+    (None: nothing), the send waited for last; each side counted as
+    ``collective``."""
+    work = None
+    if send is not None:
+        count(collective, [send], [])
+        work = dist.isend(send, group=group, group_dst=dst)
+    if into is not None:
+        dist.recv(into, group=group, group_src=src)
+        count(collective, [], [into])
+    if work is not None:
+        work.wait()
+
+
 @torch.library.custom_op("gdn_kcp::all_to_all", mutates_args=())
 def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
                        after: Tensor | None = None) -> Tensor:
@@ -52,9 +76,7 @@ def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_n
     call's previous exchange returned (read by no one here: this exchange
     runs after it)."""
     received = send.new_empty(sum(recvs))
-    dist.all_to_all_single(received, send, output_split_sizes=recvs, input_split_sizes=sends,
-                           group=group_from_name(group_name) if group_name else None)
-    count(collective, [send], [received])
+    all_to_all_into(received, send, sends, recvs, group_from_name(group_name) if group_name else None, collective)
     return received
 
 
@@ -133,17 +155,9 @@ def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src:
     :func:`~gdn_kcp.exchange.record_comm_bytes`, as :func:`ordered_all_to_all`.
     ``after``: what the call's previous exchange returned (read by no one
     here: this hop runs after it)."""
-    group = group_from_name(group_name) if group_name else None
-    work = None
-    if dst >= 0:
-        count(collective, [send], [])
-        work = dist.isend(send, group=group, group_dst=dst)
     received = like.new_empty(recv_shape if src >= 0 else [0])
-    if src >= 0:
-        dist.recv(received, group=group, group_src=src)
-        count(collective, [], [received])
-    if work is not None:
-        work.wait()
+    send_recv_into(send if dst >= 0 else None, dst, received if src >= 0 else None, src,
+                   group_from_name(group_name) if group_name else None, collective)
     return received
 
 

@@ -12,14 +12,12 @@ is a pool of the call's arena (or a saved tensor) sized by the byte queries.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.options import OptionsKcp
 
 from .a2a import keep_own_m
-from .counting import count
-from .ordered import ordered_send_recv
+from .ordered import ordered_send_recv, send_recv_into
 
 
 def _hop(ctx: KcpContext, buffers, name: str, send: torch.Tensor | None, dst: int | None,
@@ -40,15 +38,7 @@ def _hop(ctx: KcpContext, buffers, name: str, send: torch.Tensor | None, dst: in
         if into is not None:
             into.copy_(received)
         return
-    work = None
-    if send is not None:
-        count(name, [send], [])
-        work = dist.isend(send, group=ctx.group, group_dst=dst)
-    if into is not None:
-        dist.recv(into, group=ctx.group, group_src=src)
-        count(name, [], [into])
-    if work is not None:
-        work.wait()
+    send_recv_into(send, dst, into, src, ctx.group, name)
 
 
 def forward_ring(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, K: int, V: int,
