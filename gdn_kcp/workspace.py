@@ -97,6 +97,11 @@ class Arena:
         if self.record is not None:
             self.record.graph[layout.call] = graph
 
+    @property
+    def pools(self):
+        """The layout's pools: name -> spec (``shape``, ``dtype``, ...)."""
+        return self.layout.pools
+
     def _log(self, kind: str, name: str, nbytes: int, address: int = 0) -> None:
         if self.record is not None:
             self.record.events.append((self.layout.call, kind, name, nbytes, address))
@@ -131,6 +136,13 @@ class Arena:
         self._log("end", "", 0)
 
 
+def adopted_view(what: str, spec, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in ``spec``'s shape, when it holds ``spec``'s elements and dtype."""
+    if tensor.numel() != numel(spec.shape) or tensor.dtype != spec.dtype:
+        raise RuntimeError(f"{what} is {tuple(spec.shape)} {spec.dtype}; adopted {tuple(tensor.shape)} {tensor.dtype}")
+    return tensor.view(spec.shape)
+
+
 class Pools:
     """The arena of a traced call: every pool is its own ``torch.empty`` of
     the layout's shape and dtype, allocated where the host path binds it.
@@ -163,6 +175,19 @@ class Pools:
         self.bound.add(name)
         if name not in self.tensors:
             self.tensors[name] = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+        return self.tensors[name]
+
+    def adopt(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Bind ``tensor`` (what a traced exchange returned, any shape with the
+        pool's elements and dtype) as pool ``name``: the exchange's output is
+        the pool, not a buffer copied into it."""
+        spec = self.pools.get(name)
+        if spec is None:
+            raise RuntimeError(f"the {self.call} layout has no pool {name!r}")
+        if name in self.bound:
+            raise RuntimeError(f"pool {name!r} is already bound")
+        self.bound.add(name)
+        self.tensors[name] = adopted_view(f"pool {name!r}", spec, tensor)
         return self.tensors[name]
 
     def release(self, *names: str) -> None:

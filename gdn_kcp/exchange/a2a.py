@@ -23,68 +23,77 @@ from .counting import count
 from .ordered import all_to_all_into, all_to_all_issued, all_to_all_start, all_to_all_wait, ordered_all_to_all
 
 
-def _all_to_all(ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs, buffers) -> None:
-    """``send`` to the group, ``recv`` from it. Traced (torch.compile inside
-    :func:`gdn_kcp.trace_host_path`): the ordered ``gdn_kcp::all_to_all``
-    (:mod:`.ordered`), copied into ``recv``, after the call's previous
-    exchange by data (``buffers.last_exchange``)."""
+def _all_to_all(ctx: KcpContext, name: str, pool: str, send: torch.Tensor, sends, recvs, buffers) -> torch.Tensor:
+    """``send`` to the group; returns buffer ``pool`` (``buffers.take``) holding
+    what arrived. Traced (torch.compile inside :func:`gdn_kcp.trace_host_path`):
+    the ordered ``gdn_kcp::all_to_all`` (:mod:`.ordered`), after the call's
+    previous exchange by data (``buffers.last_exchange``), whose output
+    becomes the pool (``buffers.adopt``): no second receive buffer."""
     if torch.compiler.is_compiling():
         received = ordered_all_to_all(send.reshape(-1), list(sends), list(recvs), ctx.group_name, name,
                                       buffers.last_exchange)
         buffers.last_exchange = received
-        recv.view(-1).copy_(received)
-        return
+        return buffers.adopt(pool, received)
+    recv = buffers.take(pool)
     all_to_all_into(recv.view(-1), send.view(-1), list(sends), list(recvs), ctx.group, name)
+    return recv
 
 
 class InFlight:
     """An all-to-all issued and not yet waited for (``schedule="overlap"``):
-    ``recv`` holds the data once :meth:`finish` has returned, and ``send``
+    :meth:`finish` returns buffer ``pool`` holding what arrived, and ``send``
     must stay unchanged until then. Traced (torch.compile inside
     :func:`gdn_kcp.trace_host_path`), the ordered ops of :mod:`.ordered`,
     with the overlapped work fenced by data: it reads its index through
-    :meth:`fenced` and :meth:`finish` takes its output."""
+    :meth:`fenced` and :meth:`finish` takes its output; the wait's output
+    becomes the pool, as in :func:`_all_to_all`."""
 
-    def __init__(self, ctx: KcpContext, name: str, recv: torch.Tensor, send: torch.Tensor, sends, recvs, buffers,
+    def __init__(self, ctx: KcpContext, name: str, pool: str, send: torch.Tensor, sends, recvs, buffers,
                  on_finish=None) -> None:
-        self.recv, self.send, self.recvs, self.on_finish = recv, send.reshape(-1), list(recvs), on_finish
+        self.pool, self.send, self.recvs, self.on_finish = pool, send.reshape(-1), list(recvs), on_finish
         self.buffers, self.handle, self.work = buffers, None, None
         if torch.compiler.is_compiling():
             self.handle = all_to_all_start(self.send, list(sends), self.recvs, ctx.group_name, name,
                                            buffers.last_exchange)
         else:
-            self.work = dist.all_to_all_single(recv.view(-1), send.view(-1), output_split_sizes=recvs,
+            self.recv = buffers.take(pool)
+            self.work = dist.all_to_all_single(self.recv.view(-1), self.send, output_split_sizes=self.recvs,
                                                input_split_sizes=sends, group=ctx.group, async_op=True)
-            self.counted = (name, send, recv)
+            self.name = name
 
     def fenced(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` for the overlapped work to read (traced: a copy after the issue)."""
         return x if self.handle is None else all_to_all_issued(self.handle, x)
 
-    def finish(self, after: torch.Tensor) -> None:
-        """Wait (after the work whose output is ``after``), then ``on_finish``."""
+    def finish(self, after: torch.Tensor) -> torch.Tensor:
+        """Wait (after the work whose output is ``after``), then ``on_finish``;
+        returns what arrived."""
         if self.handle is not None:
             received = all_to_all_wait(self.handle, self.send, self.recvs, after)
             self.buffers.last_exchange = received
-            self.recv.view(-1).copy_(received)
+            recv = self.buffers.adopt(self.pool, received)
         else:
             self.work.wait()
-            name, send, recv = self.counted
-            count(name, [send], [recv])
+            recv = self.recv
+            count(self.name, [self.send], [recv])
         if self.on_finish is not None:
             self.on_finish()
+        return recv
 
 
 class Done:
-    """An exchange already complete (``schedule="serial"``, the ring)."""
+    """An exchange already complete (``schedule="serial"``, the ring): what
+    arrived (or None) is ``finish``'s result."""
+
+    def __init__(self, received: torch.Tensor | None = None) -> None:
+        self.received = received
 
     @staticmethod
     def fenced(x: torch.Tensor) -> torch.Tensor:
         return x
 
-    @staticmethod
-    def finish(after: torch.Tensor) -> None:
-        pass
+    def finish(self, after: torch.Tensor) -> torch.Tensor | None:
+        return self.received
 
 
 def _pack(ctx: KcpContext, send: torch.Tensor, parts: list[torch.Tensor], HV: int, K: int) -> None:
@@ -142,8 +151,7 @@ def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, 
         if not keep_summary:
             arena.release("summary")
             summary = None
-    recv = arena.bind("c1_recv")
-    _all_to_all(ctx, "c1", recv, send, sends, recvs, buffers)
+    recv = _all_to_all(ctx, "c1", "c1_recv", send, sends, recvs, buffers)
     arena.release("c1_send")
 
     arena.phase(f"{phase_call}.phase.c2")
@@ -168,8 +176,7 @@ def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, 
         else:
             target.copy_(block[..., :V])
     arena.release("c1_recv")
-    s_in = buffers.take("s_in")
-    _all_to_all(ctx, "c2", s_in, c2_send, sends, recvs, buffers)
+    s_in = _all_to_all(ctx, "c2", "s_in", c2_send, sends, recvs, buffers)
     arena.release("c2_send")
     return s_in, summary, kept_m if phase_call == "bwd" else None
 
@@ -179,10 +186,10 @@ def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV:
     """b1 and b2, after ``nu`` ``[1, HV, K, V]`` (None without a crossing-in
     fragment) is in its pool. ``m`` is this middle rank's own M ``[1, HV, K, K]``
     (sent again unless save_transfer); ``kept_m`` the owner's M slices
-    (save_transfer). Returns ``(lambda_end, b2)``: ``lambda_end``
-    ``[n_out, s_pad, K, V]`` holds its data once ``b2.finish(after)`` has
-    returned: with ``overlap`` b2 is only issued here (:class:`InFlight`;
-    its finish releases b2's send pool), else it is :class:`Done`."""
+    (save_transfer). Returns b2, whose ``finish(after)`` returns
+    ``lambda_end`` ``[n_out, s_pad, K, V]``: with ``overlap`` b2 is only
+    issued here (:class:`InFlight`; its finish releases b2's send pool), else
+    it is :class:`Done`."""
     arena, s_owner = buffers.arena, ctx.owner_heads(HV)
     st = options.save_transfer
     arena.phase("bwd.phase.b1")
@@ -193,8 +200,7 @@ def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV:
         arena.release("nu")
     if replayed and ctx.rank_middle[ctx.rank] and not st:
         arena.release("summary")
-    recv = arena.bind("b1_recv")
-    _all_to_all(ctx, "b1", recv, send, sends, recvs, buffers)
+    recv = _all_to_all(ctx, "b1", "b1_recv", send, sends, recvs, buffers)
     arena.release("b1_send")
 
     arena.phase("bwd.phase.b2")
@@ -216,9 +222,8 @@ def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV:
     arena.release("b1_recv")
     if st and replayed:
         arena.release("kept_m")
-    lam = arena.bind("lam")
     if not overlap:
-        _all_to_all(ctx, "b2", lam, b2_send, sends, recvs_b2, buffers)
+        lam = _all_to_all(ctx, "b2", "lam", b2_send, sends, recvs_b2, buffers)
         arena.release("b2_send")
-        return lam, Done()
-    return lam, InFlight(ctx, "b2", lam, b2_send, sends, recvs_b2, buffers, on_finish=lambda: arena.release("b2_send"))
+        return Done(lam)
+    return InFlight(ctx, "b2", "lam", b2_send, sends, recvs_b2, buffers, on_finish=lambda: arena.release("b2_send"))

@@ -143,28 +143,27 @@ def _(handle: Tensor, send: Tensor, recvs: list[int], after: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("gdn_kcp::send_recv", mutates_args=())
-def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src: int, like: Tensor,
-                      group_name: str, collective: str, after: Tensor | None = None) -> Tensor:
+def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src: int, dtype: torch.dtype,
+                      device: torch.device, group_name: str, collective: str, after: Tensor | None = None) -> Tensor:
     """The ring's hop (``exchange="ring"``): posts ``send`` to group rank
     ``dst`` (none when ``dst < 0``), receives a ``recv_shape`` tensor of
-    ``like``'s dtype and device from group rank ``src`` (an empty one when
-    ``src < 0``; ``like`` is only read for those),
-    waits for the send and returns what arrived. The send is posted before
-    the receive waits, and receives wait only on one side of the chain, so a
-    chain of hops cannot deadlock. ``collective``: its name to
+    ``dtype`` on ``device`` from group rank ``src`` (an empty one when
+    ``src < 0``), waits for the send and returns what arrived. The send is
+    posted before the receive waits, and receives wait only on one side of
+    the chain, so a chain of hops cannot deadlock. ``collective``: its name to
     :func:`~gdn_kcp.exchange.record_comm_bytes`, as :func:`ordered_all_to_all`.
     ``after``: what the call's previous exchange returned (read by no one
     here: this hop runs after it)."""
-    received = like.new_empty(recv_shape if src >= 0 else [0])
+    received = torch.empty(recv_shape if src >= 0 else [0], dtype=dtype, device=device)
     send_recv_into(send if dst >= 0 else None, dst, received if src >= 0 else None, src,
                    group_from_name(group_name) if group_name else None, collective)
     return received
 
 
 @ordered_send_recv.register_fake
-def _(send: Tensor | None, dst: int, recv_shape: list[int], src: int, like: Tensor, group_name: str,
-      collective: str, after: Tensor | None = None) -> Tensor:
-    return like.new_empty(recv_shape if src >= 0 else [0])
+def _(send: Tensor | None, dst: int, recv_shape: list[int], src: int, dtype: torch.dtype, device: torch.device,
+      group_name: str, collective: str, after: Tensor | None = None) -> Tensor:
+    return torch.empty(recv_shape if src >= 0 else [0], dtype=dtype, device=device)
 
 
 def _register_ordered(op) -> bool:

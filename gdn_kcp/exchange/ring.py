@@ -21,24 +21,26 @@ from .ordered import ordered_send_recv, send_recv_into
 
 
 def _hop(ctx: KcpContext, buffers, name: str, send: torch.Tensor | None, dst: int | None,
-         into: torch.Tensor | None, src: int | None) -> None:
-    """One hop of a chain: ``send`` to rank ``dst`` (None: nothing to send),
-    ``into`` filled from rank ``src`` (None: nothing to receive); the send is
-    posted first and waited for last. Traced (torch.compile inside
-    :func:`gdn_kcp.trace_host_path`): the ordered ``gdn_kcp::send_recv``
-    (:mod:`.ordered`), copied into ``into``, after the call's previous
-    exchange by data (``buffers.last_exchange``)."""
-    if send is None and into is None:
-        return
+         pool: str | None, src: int | None) -> torch.Tensor | None:
+    """One hop of a chain: ``send`` to rank ``dst`` (None: nothing to send);
+    returns buffer ``pool`` (``buffers.take``) filled from rank ``src`` (None:
+    nothing to receive, returns None); the send is posted first and waited for
+    last. Traced (torch.compile inside :func:`gdn_kcp.trace_host_path`): the
+    ordered ``gdn_kcp::send_recv`` (:mod:`.ordered`), after the call's
+    previous exchange by data (``buffers.last_exchange``), whose output
+    becomes the pool (``buffers.adopt``)."""
+    if send is None and pool is None:
+        return None
     if torch.compiler.is_compiling():
-        received = ordered_send_recv(send, -1 if send is None else dst, [] if into is None else list(into.shape),
-                                     -1 if into is None else src, send if into is None else into, ctx.group_name,
-                                     name, buffers.last_exchange)
+        spec = buffers.spec(pool) if pool is not None else None
+        received = ordered_send_recv(send, -1 if send is None else dst, [] if spec is None else list(spec.shape),
+                                     -1 if spec is None else src, send.dtype if spec is None else spec.dtype,
+                                     buffers.device, ctx.group_name, name, buffers.last_exchange)
         buffers.last_exchange = received
-        if into is not None:
-            into.copy_(received)
-        return
+        return None if pool is None else buffers.adopt(pool, received)
+    into = None if pool is None else buffers.take(pool)
     send_recv_into(send, dst, into, src, ctx.group, name)
+    return into
 
 
 def forward_ring(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, K: int, V: int,
@@ -51,9 +53,9 @@ def forward_ring(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int,
     mid = ctx.rank_middle[me]
     arena.phase(f"{phase_call}.phase.c1")
     keep_own_m(buffers, summary, mid, V)
-    s_in = buffers.take("s_in") if ctx.n_in else None
     starts = ctx.n_out and not mid  # the document starts here: S_end = S_loc
-    _hop(ctx, buffers, "c1", summary if starts else None, ctx.rank_next[me], s_in, ctx.rank_prev[me])
+    s_in = _hop(ctx, buffers, "c1", summary if starts else None, ctx.rank_next[me], "s_in" if ctx.n_in else None,
+                ctx.rank_prev[me])
     if mid:
         state_out = arena.bind("ring_send")
         torch.matmul(summary[..., V:], s_in, out=state_out)
@@ -74,9 +76,9 @@ def backward_ring(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV
     arena, me = buffers.arena, ctx.rank
     mid = ctx.rank_middle[me]
     arena.phase("bwd.phase.b1")
-    lam = arena.bind("lam") if ctx.n_out else None
     ends = ctx.n_in and not mid  # the document ends here: lambda_start = nu
-    _hop(ctx, buffers, "b1", nu if ends else None, ctx.rank_prev[me], lam, ctx.rank_next[me])
+    lam = _hop(ctx, buffers, "b1", nu if ends else None, ctx.rank_prev[me], "lam" if ctx.n_out else None,
+               ctx.rank_next[me])
     if mid:
         adjoint_out = arena.bind("ring_send")
         torch.matmul(m[0].mT, lam[0], out=adjoint_out[0])

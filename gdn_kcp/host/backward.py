@@ -33,9 +33,9 @@ class Grads:
 def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
                           replayed, d_final_state, seg: Segments | None, overlap: bool):
     """Adjoint summary of the crossing-in fragment (with segments: the fold of
-    its segments' nu), then b1/b2 (or the ring). Returns ``(lam, b2)``: the
-    end adjoint of the crossing-out fragment, as it arrived once
-    ``b2.finish(after)`` has returned (``overlap``: b2 is in flight until then,
+    its segments' nu), then b1/b2 (or the ring). Returns b2, whose
+    ``finish(after)`` returns the end adjoint of the crossing-out fragment
+    (``overlap``: b2 is in flight until then,
     :class:`gdn_kcp.exchange.a2a.InFlight`)."""
     ctx, arena = call.ctx, buffers.arena
     arena.phase("bwd.phase.nu")
@@ -51,9 +51,8 @@ def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes
             **call.gate,
         )
     if call.options.exchange == "ring":
-        lam = backward_ring(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
-                            options=call.options)
-        return lam, Done()
+        return Done(backward_ring(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K,
+                                  V=call.V, options=call.options))
     return backward_a2a(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K, V=call.V,
                         options=call.options, overlap=overlap)
 
@@ -140,13 +139,13 @@ def host_backward(
     lam = None
     if exchanges:
         own_m = summary[..., V:] if summary is not None else saved.get("m")
-        lam, b2 = run_backward_exchange(
+        b2 = run_backward_exchange(
             q, k, g, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
             replayed=replayed, d_final_state=d_final_state, seg=seg, overlap=overlap,
         )
         if overlap:
             recompute_walk(b2.fenced)
-        b2.finish(after=tapes.h)
+        lam = b2.finish(after=tapes.h)
     compose_ends(call, seg, buffers, d_final_state=d_final_state, lam=lam)
 
     arena.phase("bwd.phase.adjoint_walk")

@@ -19,7 +19,7 @@ from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.options import OptionsKcp, save_plan
 from gdn_kcp.queries.layout import SavedSpec
 from gdn_kcp.queries.shapes import norm_tapes
-from gdn_kcp.workspace import Arena
+from gdn_kcp.workspace import Arena, adopted_view
 
 from gdn_kcp.plan import segments_for
 
@@ -69,6 +69,21 @@ class Buffers:
 
     def take(self, name: str) -> torch.Tensor:
         return self.new_saved(name) if self.keeps(name) else self.arena.bind(name)
+
+    def spec(self, name: str):
+        """The shape and dtype :meth:`take` would give ``name``."""
+        return self.saved_layout[name] if self.keeps(name) else self.arena.pools[name]
+
+    def adopt(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """:meth:`take` on the traced path for what an exchange returned:
+        ``tensor`` itself becomes the saved tensor or the pool
+        (:meth:`gdn_kcp.workspace.Pools.adopt`), in ``name``'s shape."""
+        if not self.keeps(name):
+            return self.arena.adopt(name, tensor)
+        if not self.saving:
+            raise RuntimeError(f"the backward cannot save {name!r}")
+        self.saved[name] = adopted_view(f"saved {name!r}", self.saved_layout[name], tensor)
+        return self.saved[name]
 
     def drop(self, *names: str) -> None:
         self.arena.release(*(name for name in names if not self.keeps(name)))
