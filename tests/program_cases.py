@@ -77,9 +77,9 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     programs.w_u(k, v, g, beta, out["A"], index, k_rstd=norms["k_rstd"], w_out=w_again, u_out=u_again)
     assert torch.equal(w_again, out["w"]) and torch.equal(u_again, out["u"])  # the backward of save_mode="inverse"
     state0 = randn(N, HV, K, V)  # rows f - n_in: with crossing, the last row is not read
-    summary = new(1, HV, K, V + K)  # [S_loc | M] as one pool, written through column views
+    summary = new(1, HV, K, V + K)  # [S_loc | M] as one pool
     programs.summary_walk(k, out["w"], out["u"], g, index, k_rstd=norms["k_rstd"], initial_state=state0,
-                          s_loc_out=summary[..., :V], m_out=summary[..., V:])
+                          summary_out=summary)
     out["summary"] = summary
     s_in = randn(1, HV, K, V) if crossing else None
     out.update(h=new(index.n_chunks, HV, K, V, pool="h"), v_new=out["u"].clone(), final=new(N, HV, K, V))
@@ -170,7 +170,7 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
                dv_new=dv_local.clone(), d_initial=new(N, HV, K, V))
     if not segmented:
         programs.summary_walk(k, w, u, g, index, k_rstd=norms["k_rstd"], initial_state=state0,
-                              s_loc_out=out["fold"][..., :V], m_out=out["fold"][..., V:])
+                              summary_out=out["fold"])
         programs.tape_walk(k, w, out["v_new"], g, index, k_rstd=norms["k_rstd"], initial_state=state0, s_in=s_in,
                            h_out=out["h"], v_new_out=out["v_new"], final_state_out=out["final"])
         programs.adjoint_summary(q, k, w, g, do, dv_local, index, scale=scale, d_final_state=d_final,
@@ -184,11 +184,11 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     # phase 1
     programs.segment_summary(k, w, None, g, tables.summary, k_rstd=norms["k_rstd"], summary_out=out["summary_m"])
     programs.segment_summary(k, w, u, g, tables.summary, k_rstd=norms["k_rstd"], summary_out=out["summary"])
-    # phase 2: the KCP summary of the crossing-out fragment (a column view of one pool), then the carry plane
+    # phase 2: the KCP summary of the crossing-out fragment ([S_loc | M] in one pool), then the carry plane
     programs.compose_segments(out["summary"], index, rows, P, initial_state=state0, s_in=None, start_out=None,
-                              final_state_out=None, s_loc_out=out["fold"][..., :V], m_out=out["fold"][..., V:])
+                              final_state_out=None, summary_out=out["fold"])
     programs.compose_segments(out["summary"], index, rows, P, initial_state=state0, s_in=s_in,
-                              start_out=out["start"], final_state_out=out["final"], s_loc_out=None, m_out=None)
+                              start_out=out["start"], final_state_out=out["final"], summary_out=None)
     # phase 3
     programs.tape_walk(k, w, out["v_new"], g, tables.walk, k_rstd=norms["k_rstd"], initial_state=state0, s_in=s_in,
                        h_out=out["h"], v_new_out=out["v_new"], final_state_out=out["final"], carry_in=out["start"])

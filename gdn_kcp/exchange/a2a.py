@@ -27,12 +27,13 @@ def _all_to_all(ctx: KcpContext, name: str, pool: str, send: torch.Tensor, sends
     """``send`` to the group; returns buffer ``pool`` (``buffers.take``) holding
     what arrived. Traced (torch.compile inside :func:`gdn_kcp.trace_host_path`):
     the ordered ``gdn_kcp::all_to_all`` (:mod:`.ordered`), after the call's
-    previous exchange by data (``buffers.last_exchange``), whose output
-    becomes the pool (``buffers.adopt``): no second receive buffer."""
+    previous exchange and the local work since by data (``buffers.after``),
+    whose output becomes the pool (``buffers.adopt``): no second receive
+    buffer."""
     if torch.compiler.is_compiling():
         received = ordered_all_to_all(send.reshape(-1), list(sends), list(recvs), ctx.group_name, name,
-                                      buffers.last_exchange)
-        buffers.last_exchange = received
+                                      buffers.after)
+        buffers.exchanged(received)
         return buffers.adopt(pool, received)
     recv = buffers.take(pool)
     all_to_all_into(recv.view(-1), send.view(-1), list(sends), list(recvs), ctx.group, name)
@@ -54,7 +55,7 @@ class InFlight:
         self.buffers, self.handle, self.work = buffers, None, None
         if torch.compiler.is_compiling():
             self.handle = all_to_all_start(self.send, list(sends), self.recvs, ctx.group_name, name,
-                                           buffers.last_exchange)
+                                           buffers.after)
         else:
             self.recv = buffers.take(pool)
             self.work = dist.all_to_all_single(self.recv.view(-1), self.send, output_split_sizes=self.recvs,
@@ -70,7 +71,7 @@ class InFlight:
         returns what arrived."""
         if self.handle is not None:
             received = all_to_all_wait(self.handle, self.send, self.recvs, after)
-            self.buffers.last_exchange = received
+            self.buffers.exchanged(received)
             recv = self.buffers.adopt(self.pool, received)
         else:
             self.work.wait()

@@ -24,10 +24,15 @@ replayed c2 of the first rank, whose result that rank does not use, after
 b1 and b2's start, while the other rank ran them in order, and the group
 failed ("Received data size doesn't match"); and the recomputed walk was
 hoisted above b1, leaving start and wait adjacent. So order is also data:
-every exchange of a call takes the previous one's result (``after``), the
-overlapped work reads a table through ``gdn_kcp::all_to_all_issued`` (a copy
-that depends on the handle: after the issue) and the wait takes that work's
-output (``after``: before the wait).
+every exchange of a call takes the previous one's result and the local
+work done since (``after``), the overlapped work reads a table through
+``gdn_kcp::all_to_all_issued`` (a copy that depends on the handle: after
+the issue) and the wait takes that work's output (``after``: before the
+wait). Without the local work, Inductor hoisted an exchange whose send
+does not depend on it (a ring rank that only receives; b1 on a rank with
+nothing to send) to the top of its graph (2 and 3 fake ranks): the rank
+then waits for its peers before its own prep, and the receive buffer is
+held through it.
 """
 
 from __future__ import annotations
@@ -67,14 +72,14 @@ def send_recv_into(send: Tensor | None, dst: int, into: Tensor | None, src: int,
 
 @torch.library.custom_op("gdn_kcp::all_to_all", mutates_args=())
 def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
-                       after: Tensor | None = None) -> Tensor:
+                       after: list[Tensor]) -> Tensor:
     """``send`` (1-D) split by ``sends`` to the ranks of ``group_name`` (empty:
     the default group, as a context built without a group); returns what
     arrives, 1-D, split by ``recvs``. ``collective`` names it to
     :func:`~gdn_kcp.exchange.record_comm_bytes` (the body runs in the compiled
     graph, so a traced exchange counts as an eager one). ``after``: what the
-    call's previous exchange returned (read by no one here: this exchange
-    runs after it)."""
+    call's previous exchange returned and the local work done since (read by
+    no one here: this exchange runs after them)."""
     received = send.new_empty(sum(recvs))
     all_to_all_into(received, send, sends, recvs, group_from_name(group_name) if group_name else None, collective)
     return received
@@ -82,7 +87,7 @@ def ordered_all_to_all(send: Tensor, sends: list[int], recvs: list[int], group_n
 
 @ordered_all_to_all.register_fake
 def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
-      after: Tensor | None = None) -> Tensor:
+      after: list[Tensor]) -> Tensor:
     return send.new_empty(sum(recvs))
 
 
@@ -94,7 +99,7 @@ read)."""
 
 @torch.library.custom_op("gdn_kcp::all_to_all_start", mutates_args=())
 def all_to_all_start(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
-                     after: Tensor | None = None) -> Tensor:
+                     after: list[Tensor]) -> Tensor:
     """Issues :func:`ordered_all_to_all` without waiting (counted as issued);
     returns its handle (a one-element CPU tensor, known by its address) for
     ``all_to_all_wait``."""
@@ -109,7 +114,7 @@ def all_to_all_start(send: Tensor, sends: list[int], recvs: list[int], group_nam
 
 @all_to_all_start.register_fake
 def _(send: Tensor, sends: list[int], recvs: list[int], group_name: str, collective: str,
-      after: Tensor | None = None) -> Tensor:
+      after: list[Tensor]) -> Tensor:
     return torch.empty(1, dtype=torch.int64)
 
 
@@ -144,7 +149,7 @@ def _(handle: Tensor, send: Tensor, recvs: list[int], after: Tensor) -> Tensor:
 
 @torch.library.custom_op("gdn_kcp::send_recv", mutates_args=())
 def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src: int, dtype: torch.dtype,
-                      device: torch.device, group_name: str, collective: str, after: Tensor | None = None) -> Tensor:
+                      device: torch.device, group_name: str, collective: str, after: list[Tensor]) -> Tensor:
     """The ring's hop (``exchange="ring"``): posts ``send`` to group rank
     ``dst`` (none when ``dst < 0``), receives a ``recv_shape`` tensor of
     ``dtype`` on ``device`` from group rank ``src`` (an empty one when
@@ -152,8 +157,7 @@ def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src:
     posted before the receive waits, and receives wait only on one side of
     the chain, so a chain of hops cannot deadlock. ``collective``: its name to
     :func:`~gdn_kcp.exchange.record_comm_bytes`, as :func:`ordered_all_to_all`.
-    ``after``: what the call's previous exchange returned (read by no one
-    here: this hop runs after it)."""
+    ``after``: as for :func:`ordered_all_to_all`."""
     received = torch.empty(recv_shape if src >= 0 else [0], dtype=dtype, device=device)
     send_recv_into(send if dst >= 0 else None, dst, received if src >= 0 else None, src,
                    group_from_name(group_name) if group_name else None, collective)
@@ -162,7 +166,7 @@ def ordered_send_recv(send: Tensor | None, dst: int, recv_shape: list[int], src:
 
 @ordered_send_recv.register_fake
 def _(send: Tensor | None, dst: int, recv_shape: list[int], src: int, dtype: torch.dtype, device: torch.device,
-      group_name: str, collective: str, after: Tensor | None = None) -> Tensor:
+      group_name: str, collective: str, after: list[Tensor]) -> Tensor:
     return torch.empty(recv_shape if src >= 0 else [0], dtype=dtype, device=device)
 
 

@@ -27,16 +27,16 @@ def _hop(ctx: KcpContext, buffers, name: str, send: torch.Tensor | None, dst: in
     nothing to receive, returns None); the send is posted first and waited for
     last. Traced (torch.compile inside :func:`gdn_kcp.trace_host_path`): the
     ordered ``gdn_kcp::send_recv`` (:mod:`.ordered`), after the call's
-    previous exchange by data (``buffers.last_exchange``), whose output
-    becomes the pool (``buffers.adopt``)."""
+    previous exchange and the local work since by data (``buffers.after``),
+    whose output becomes the pool (``buffers.adopt``)."""
     if send is None and pool is None:
         return None
     if torch.compiler.is_compiling():
         spec = buffers.spec(pool) if pool is not None else None
         received = ordered_send_recv(send, -1 if send is None else dst, [] if spec is None else list(spec.shape),
                                      -1 if spec is None else src, send.dtype if spec is None else spec.dtype,
-                                     buffers.device, ctx.group_name, name, buffers.last_exchange)
-        buffers.last_exchange = received
+                                     buffers.device, ctx.group_name, name, buffers.after)
+        buffers.exchanged(received)
         return None if pool is None else buffers.adopt(pool, received)
     into = None if pool is None else buffers.take(pool)
     send_recv_into(send, dst, into, src, ctx.group, name)

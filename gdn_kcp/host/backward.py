@@ -50,6 +50,7 @@ def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes
             scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, d_final_state=d_final_state, nu_out=nu,
             **call.gate,
         )
+    buffers.follow(dv_local, nu)
     if call.options.exchange == "ring":
         return Done(backward_ring(ctx, buffers, nu, m=m, kept_m=kept_m, replayed=replayed, HV=call.HV, K=call.K,
                                   V=call.V, options=call.options))

@@ -54,7 +54,17 @@ class Buffers:
     ) -> None:
         self.arena, self.saved_layout, self.device, self.saving = arena, saved_layout, device, saving
         self.saved: dict[str, torch.Tensor] = {}
-        self.last_exchange: torch.Tensor | None = None  # traced: what the call's last exchange returned
+        self.after: list[torch.Tensor] = []
+        """Traced: what the next exchange runs after (:meth:`follow`, :meth:`exchanged`)."""
+
+    def follow(self, *work: torch.Tensor | None) -> None:
+        """The next exchange runs after ``work`` (outputs of the local
+        programs before it; None: none), as it does eagerly."""
+        self.after.extend(x for x in work if x is not None)
+
+    def exchanged(self, received: torch.Tensor) -> None:
+        """An exchange returned ``received``: the next one runs after it."""
+        self.after = [received]
 
     def keeps(self, name: str) -> bool:
         """True when the forward saves ``name`` (in the backward: when it was saved)."""
@@ -192,8 +202,9 @@ def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers
         summary = buffers.arena.bind("summary")
         call.programs.summary_walk(
             k, tapes.w, tapes.v_new, g, call.index, k_rstd=tapes.k_rstd, initial_state=initial_state,
-            s_loc_out=summary[..., :V], m_out=summary[..., V:] if ctx.rank_middle[ctx.rank] else None, **call.gate,
+            summary_out=summary, **call.gate,
         )
+    buffers.follow(tapes.v_new, summary)
     exchange = forward_a2a if call.options.exchange == "a2a" else forward_ring
     return exchange(ctx, buffers, summary, phase_call=phase_call, HV=HV, K=K, V=V, options=call.options)
 

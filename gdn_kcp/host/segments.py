@@ -50,8 +50,7 @@ def fold_summary(call, seg: Segments, summary: torch.Tensor, *, initial_state) -
     V = call.V
     call.programs.compose_segments(
         seg.summary, call.index, seg.tables.frag_rows, call.P, initial_state=initial_state, s_in=None,
-        start_out=None, final_state_out=None, s_loc_out=summary[..., :V],
-        m_out=summary[..., V:] if summary.shape[-1] > V else None,
+        start_out=None, final_state_out=None, summary_out=summary,
     )
 
 
@@ -64,7 +63,7 @@ def compose_starts(call, seg: Segments, buffers, *, phase_call: str, initial_sta
     call.programs.compose_segments(
         seg.summary, call.index, seg.tables.frag_rows, call.P, initial_state=initial_state,
         s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
-        start_out=seg.start, final_state_out=final_state_out, s_loc_out=None, m_out=None,
+        start_out=seg.start, final_state_out=final_state_out, summary_out=None,
     )
     if phase_call == "fwd":
         arena.release("seg_summary")

@@ -28,18 +28,18 @@ def compose_segments(
     s_in: torch.Tensor | None,
     start_out: torch.Tensor | None,
     final_state_out: torch.Tensor | None,
-    s_loc_out: torch.Tensor | None,
-    m_out: torch.Tensor | None,
+    summary_out: torch.Tensor | None,
 ) -> None:
     """summary ``[n_sum, HV, K, V + K]`` (phase 1); ``index`` the rank's index,
     ``frag_rows`` ``[2, n_frag]`` (first summary row, count), ``max_rows`` the
     most rows of a fragment (P). Writes start_out ``[n_sum, HV, K, V]``, the
     final states of fragments of several segments that end here
     (``final_state_out`` rows as the tape walk's), and the fold of the crossing-out
-    fragment into s_loc_out ``[1, HV, K, V]`` / m_out ``[1, HV, K, K]`` (zero
-    when no fragment crosses out: the identity)."""
+    fragment into summary_out: S_loc ``[1, HV, K, V]``, or ``[S_loc | M]``
+    ``[1, HV, K, V + K]`` (zero when no fragment crosses out: the identity)."""
     n_sum = summary.shape[0]
     V = summary.shape[-1] - summary.shape[-2]
+    with_m = summary_out is not None and summary_out.shape[-1] > V
     first, count = frag_rows[0].long(), frag_rows[1].long()
     X = start_states(index, summary.new_empty((1,) + summary.shape[1:3] + (V,)), initial_state, s_in)
     fold = torch.eye(summary.shape[-2], dtype=summary.dtype, device=summary.device).expand(
@@ -52,17 +52,18 @@ def compose_segments(
         M, S = summary[row, ..., V:], summary[row, ..., :V]
         on = active[:, None, None, None]
         X = torch.where(on, M @ X + S, X)
-        if m_out is not None:
+        if with_m:
             fold = torch.where(on, M @ fold, fold)
     if final_state_out is not None:
         ends = (count > 1) & ((index.frag_flags & CROSSING_OUT) == 0)
         n = final_state_out.shape[0]  # fragment f's final state is row f; no fragment past n ends here
         final_state_out.copy_(torch.where(ends[:n, None, None, None], X[:n].to(final_state_out.dtype),
                                           final_state_out))
-    if s_loc_out is not None:
+    if summary_out is not None:
         last = last_real_fragment(index.frag_flags)
         folded = (crosses(index.frag_flags[last], CROSSING_OUT) & (count[last] > 0))[:, None, None, None]
-        s_loc_out.copy_(torch.where(folded, X[last], 0))
-        if m_out is not None:  # M = 0 when the fragment starts its document here (S_loc holds its start)
+        parts = [torch.where(folded, X[last], 0)]
+        if with_m:  # M = 0 when the fragment starts its document here (S_loc holds its start)
             middle = folded & crosses(index.frag_flags[last], CROSSING_IN)[:, None, None, None]
-            m_out.copy_(torch.where(middle, fold[last], 0))
+            parts.append(torch.where(middle, fold[last], 0))
+        summary_out.copy_(torch.cat(parts, dim=-1))

@@ -34,16 +34,15 @@ def summary_walk(
     gate_params: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
-    s_loc_out: torch.Tensor,
-    m_out: torch.Tensor | None,
+    summary_out: torch.Tensor,
 ) -> None:
     """Walk the last fragment (the crossing-out one) of ``index`` from zero, or
     from its initial state when it starts its document.
 
     k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the
     gates); initial_state ``[N_start, HV, K, V]`` as the tape walk's or None.
-    Writes s_loc_out ``[1, HV, K, V]`` and, when given, m_out
-    ``[1, HV, K, K]`` (both in the compute dtype).
+    Writes summary_out ``[1, HV, K, V]`` (S_loc) or ``[1, HV, K, V + K]``
+    (``[S_loc | M]``, a middle rank), in the compute dtype.
     """
     cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
@@ -52,14 +51,15 @@ def summary_walk(
     uc = to_chunks(u, rows, cdt)
     # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
     # [T_c S + B_c | T_c M], and it starts at [S_start | I].
-    X = s_loc_out.new_zeros(1, HV, K, V + (K if m_out is not None else 0))
+    with_m = summary_out.shape[-1] > V
+    X = summary_out.new_zeros(1, HV, K, V + (K if with_m else 0))
     last = last_real_fragment(index.frag_flags)
     flags = index.frag_flags[last]
     crosses_out = crosses(flags, CROSSING_OUT)
     middle = crosses_out & crosses(flags, CROSSING_IN)
     starts = gather_states(index, initial_state, CROSSING_IN, X.new_zeros(index.n_frag, HV, K, V))[last]
     X[..., :V] = torch.where(crosses_out[:, None, None, None], starts, 0)
-    if m_out is not None:
+    if with_m:
         uc = torch.cat([uc, uc.new_zeros(uc.shape[:-1] + (K,))], dim=-1)
         X[..., V:] = torch.eye(K, dtype=cdt, device=X.device) * middle[:, None, None, None]
     n = torch.where(crosses_out, index.frag_n_chunks[last].long(), 0)
@@ -68,6 +68,4 @@ def summary_walk(
         c = (first + j).clamp(max=index.n_chunks - 1)
         _, X_next = state_step(ops, uc, c, X)
         X = torch.where((n > j)[:, None, None, None], X_next, X)
-    s_loc_out.copy_(X[..., :V])
-    if m_out is not None:
-        m_out.copy_(X[..., V:])
+    summary_out.copy_(X)

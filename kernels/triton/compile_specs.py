@@ -106,7 +106,7 @@ WRITES = {
 """The pointers each kernel stores to (its outputs; the decode step updates
 ``state`` in place). Under torch.compile nothing else may count as written:
 ``traced_launches`` and ``tests/test_traced_triton.py`` check it."""
-INTS = {"n_chunks", "n_frag", "max_rows", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k"}
+INTS = {"n_chunks", "n_frag", "max_rows", "H_qk", "HV", "K", "V", "T", "H", "D", "WIDTH", "stride_h", "stride_k", "out_col"}
 
 
 def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:

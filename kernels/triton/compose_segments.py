@@ -34,7 +34,7 @@ NUM_WARPS = 8
 
 @triton.jit
 def compose_segments_kernel(
-    summary, frag_table, frag_rows, initial_state, s_in, start, final_state, out, stride_h, stride_k,
+    summary, frag_table, frag_rows, initial_state, s_in, start, final_state, out, stride_h, stride_k, out_col,
     n_frag, max_rows, HV, K, V, WIDTH,
     BK: tl.constexpr, BV: tl.constexpr, BKB: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr,
     HAS_START: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_OUT: tl.constexpr, LAST_ONLY: tl.constexpr,
@@ -88,10 +88,12 @@ def compose_segments_kernel(
             store_state(final_state, X, i_f, HV, i_h, K, V, col, BK, BV)
     if HAS_OUT:
         if LAST_ONLY:
-            store_state_strided(out, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, 0, col, BK, BV)
+            store_state_strided(out + out_col, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, 0, col,
+                                BK, BV)
         else:
             if i_f == last_real_fragment(frag_table, n_frag, BF):
-                store_state_strided(out, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, 0, col, BK, BV)
+                store_state_strided(out + out_col, tl.where(keep, X, 0.0), i_h, stride_h, stride_k, K, WIDTH, 0,
+                                    col, BK, BV)
 
 
 def compose_segments(
@@ -104,30 +106,30 @@ def compose_segments(
     s_in: torch.Tensor | None,
     start_out: torch.Tensor | None,
     final_state_out: torch.Tensor | None,
-    s_loc_out: torch.Tensor | None,
-    m_out: torch.Tensor | None,
+    summary_out: torch.Tensor | None,
 ) -> None:
-    """See ``kernels.torch.compose_segments`` (s_loc_out and m_out may be column views
-    of one pool; as there, m_out is written only along with s_loc_out)."""
+    """See ``kernels.torch.compose_segments``: S_loc and M are two launches
+    into columns of the one ``summary_out`` (no views of it: traced, a launch
+    that writes a view of a buffer costs a copy of the buffer)."""
     HV, K = summary.shape[1], summary.shape[2]
     V = summary.shape[3] - K
-    folds = [(s_loc_out, V, False)] + ([(m_out, K, True)] if s_loc_out is not None and m_out is not None else [])
+    out = summary_out
+    folds = [(0, V, False)] + ([(V, K, True)] if out is not None and out.shape[-1] > V else [])
     if index.n_frag == 0:  # nothing crosses out: the identity
-        for out, _, _ in folds:
-            if out is not None:
-                out.zero_()
+        if out is not None:
+            out.zero_()
         return
     has_initial = initial_state is not None and initial_state.shape[0] > 0
     last_only = start_out is None and final_state_out is None
     steps = max_rows if summary.shape[0] else 0
-    for out, width, is_m in folds:
+    for out_col, width, is_m in folds:
         if out is None and last_only:
             continue
         BV = min(BV_COMPOSE, value_block(width))
         launch(compose_segments_kernel)[(1 if last_only or is_m else index.n_frag, HV, triton.cdiv(width, BV))](
             summary, index.frag_table, frag_rows, initial_state if has_initial else summary, pointer(s_in, summary),
             pointer(start_out, summary), pointer(final_state_out, summary), pointer(out, summary),
-            out.stride(1) if out is not None else 0, out.stride(2) if out is not None else 0,
+            out.stride(1) if out is not None else 0, out.stride(2) if out is not None else 0, out_col,
             index.n_frag, steps, HV, K, V, width,
             BK=head_block(K), BV=BV, BKB=min(BKB_COMPOSE, head_block(K)), HAS_INITIAL=has_initial and not is_m,
             HAS_S_IN=s_in is not None and not is_m,

@@ -25,14 +25,15 @@ NUM_STAGES = WALK_STAGES
 
 @triton.jit
 def summary_walk_kernel(
-    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k,
+    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k, out_col,
     n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, IS_M: tl.constexpr,
     HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it; the walk starts
     at the fragment's initial state when it starts its document and has one),
-    K for M (u = 0, the walk starts at the identity). Without a crossing-out
+    K for M (u = 0, the walk starts at the identity), stored from column
+    ``out_col`` of ``out``. Without a crossing-out
     fragment (a capped index) both stay 0, and so does M when the fragment
     starts its document here: the identity of the composition."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
@@ -61,8 +62,8 @@ def summary_walk_kernel(
         G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
         S1, S2 = state_chunk(k, k_rstd, w, u, u, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
                              HV, i_h, K, V, col, BH, BV, HAS_NORM, not IS_M, False, MM, ACC)
-    store_state_strided(out, S1, i_h, stride_h, stride_k, K, WIDTH, 0, col, BH, BV)
-    store_state_strided(out, S2, i_h, stride_h, stride_k, K, WIDTH, BH, col, BH, BV)
+    store_state_strided(out + out_col, S1, i_h, stride_h, stride_k, K, WIDTH, 0, col, BH, BV)
+    store_state_strided(out + out_col, S2, i_h, stride_h, stride_k, K, WIDTH, BH, col, BH, BV)
 
 
 def summary_walk(
@@ -75,22 +76,21 @@ def summary_walk(
     gate_params: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
-    s_loc_out: torch.Tensor,
-    m_out: torch.Tensor | None,
+    summary_out: torch.Tensor,
 ) -> None:
-    """See ``kernels.torch.summary_walk`` (outputs may be column views of one pool)."""
+    """See ``kernels.torch.summary_walk``: S_loc and M are two launches into
+    columns of the one ``summary_out`` (no views of it: traced, a launch that
+    writes a view of a buffer costs a copy of the buffer)."""
     has_initial = initial_state is not None and initial_state.shape[0] > 0
     H_qk, K = k.shape[1], k.shape[2]
     HV, V = u.shape[1], u.shape[2]
-    for out, width, is_m in ((s_loc_out, V, False), (m_out, K, True)):
-        if out is None:
-            continue
+    for out_col, width, is_m in ((0, V, False), (V, K, True))[: 1 + (summary_out.shape[-1] > V)]:
         BV = walk_block(width)
         launch(summary_walk_kernel)[(HV, triton.cdiv(width, BV))](
             k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
-            initial_state if has_initial else g, out, out.stride(1), out.stride(2),
+            initial_state if has_initial else g, summary_out, summary_out.stride(1), summary_out.stride(2), out_col,
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
-            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(out), MM=mm_mode(k),
+            HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(summary_out), MM=mm_mode(k),
             num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-    )
+        )

@@ -218,19 +218,66 @@ def _storage_bytes(shape: str, stride: str, item: int) -> int:
     return (1 + sum((n - 1) * st for n, st in zip(sizes, strides))) * item
 
 
+_EXTERN_DTYPES = {"all_to_all": 0, "all_to_all_start": "int64", "all_to_all_wait": 1, "all_to_all_issued": 1}
+"""The dtype of what each ``gdn_kcp`` exchange op returns: that of its
+argument at this position (the buffer sent, the table copied), or a dtype.
+``send_recv`` names its dtype among its arguments."""
+
+
+def _arguments(call: str) -> list[str]:
+    """The top-level arguments of the first call in ``call`` (a line of code)."""
+    out, depth, start = [], 0, call.index("(") + 1
+    for i in range(start, len(call)):
+        c = call[i]
+        if c in "([":
+            depth += 1
+        elif c in ")]" and depth:
+            depth -= 1
+        elif c in ",)" and depth == 0:
+            out.append(call[start:i].strip())
+            start = i + 1
+            if c == ")":
+                break
+    return out
+
+
+def _extern_item_bytes(line: str, dtypes: dict[str, str]) -> int:
+    """Bytes an element of what the extern call on ``line`` returns: for a
+    ``gdn_kcp`` exchange op, from :data:`_EXTERN_DTYPES` (``dtypes``: buffer
+    -> dtype of the graph's inputs and the buffers made so far); for any
+    other op 8 (an upper bound)."""
+    op = re.search(r"torch\.ops\.gdn_kcp\.(\w+)\.default\(", line)
+    if op is None:
+        return 8
+    literal = re.search(r"torch\.(float64|float32|bfloat16|float16|int64|int32)\b", line)
+    rule = _EXTERN_DTYPES.get(op.group(1))
+    if rule is None and literal:
+        return _ITEM_BYTES[literal.group(1)]
+    if isinstance(rule, str):
+        return _ITEM_BYTES[rule]
+    if rule is not None:
+        base = re.match(r"(?:reinterpret_tensor\()?(\w+)", _arguments(line[op.start():])[rule])
+        if base and base.group(1) in dtypes:
+            return _ITEM_BYTES[dtypes[base.group(1)]]
+    raise ValueError(f"no dtype known for what this call returns: {line!r}")
+
+
 def planned_peak(code: str) -> int:
     """The most bytes the buffers of Inductor's output ``code`` hold at once:
     ``empty_strided_*`` allocates; ``reinterpret_tensor(bufM, ...)`` and
     ``bufM`` alias (``# reuse`` included); ``del`` frees a buffer once no alias
     is left. A buffer an extern call returns (``torch.ops.*``,
     ``extern_kernels.*``, or item ``bufM[i]`` of one) is sized from its
-    ``assert_size_stride`` at 8 bytes an element (an upper bound; only small
-    index buffers here). Any other assignment to a buffer raises. Graph
-    inputs are not counted; outputs stay held to the end."""
+    ``assert_size_stride``, an element at the dtype of a ``gdn_kcp`` exchange
+    op's output (:func:`_extern_item_bytes`) or 8 bytes for any other op (an
+    upper bound; only small index buffers here). Any other assignment to a
+    buffer raises. Graph inputs are not counted; outputs stay held to the end."""
     body = code[code.index("def call("):]
     storage: dict[str, int] = {}  # buffer name -> storage id
+    # buffer or graph input -> dtype, where known (the inputs' from the module's benchmark harness)
+    dtypes = dict(re.findall(r"(\w+) = rand_strided\(.*dtype=torch\.(\w+)\)", code))
     size: list[int] = []
-    unsized: set[int] = set()
+    unsized: dict[int, int] = {}  # storage id -> bytes of an element
     held = top = 0
     for line in body.splitlines():
         line = line.strip()
@@ -242,22 +289,24 @@ def planned_peak(code: str) -> int:
         checked = re.match(r"assert_size_stride\((buf\d+), (\(.*?\)), (\(.*?\))", line)
         if made:
             storage[made.group(1)] = len(size)
+            dtypes[made.group(1)] = made.group(4)
             size.append(_storage_bytes(made.group(2), made.group(3), _ITEM_BYTES[made.group(4)]))
             held += size[-1]
         elif alias:
             if alias.group(2) not in storage:
                 raise ValueError(f"alias of an unknown buffer: {line!r}")
             storage[alias.group(1)] = storage[alias.group(2)]
+            if alias.group(2) in dtypes:
+                dtypes[alias.group(1)] = dtypes[alias.group(2)]
         elif extern:
             storage[extern.group(1)] = len(size)
-            unsized.add(len(size))
+            unsized[len(size)] = _extern_item_bytes(line, dtypes) if "torch.ops." in line else 8
             size.append(0)
         elif re.match(r"buf\d+ = ", line):
             raise ValueError(f"unrecognised buffer assignment: {line!r}")
         elif checked and storage.get(checked.group(1)) in unsized:
             sid = storage[checked.group(1)]
-            unsized.discard(sid)
-            size[sid] = _storage_bytes(checked.group(2), checked.group(3), 8)
+            size[sid] = _storage_bytes(checked.group(2), checked.group(3), unsized.pop(sid))
             held += size[sid]
         for names in re.findall(r"\bdel ((?:buf\d+)(?:, buf\d+)*)", line):
             for name in names.split(", "):
