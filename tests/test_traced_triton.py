@@ -8,7 +8,9 @@ every in-kernel option, and ``gdn_kcp`` with two segments and
 ``save_mode="inverse"``) launches every
 program as a ``triton_kernel_wrapper_functional`` that clones only what it
 writes, calls no opaque ``gdn_kcp`` op, and writes none of its inputs; and
-the peak of Inductor's plan of that step equals the byte queries."""
+the peak of Inductor's plan of that step equals the byte queries; and on
+every rank of 2 and 3 fake ranks (a2a, ring, overlap, segments) the peak
+of Inductor's plan of ``gdn_kcp`` is within the rank's queries."""
 
 from __future__ import annotations
 
@@ -81,3 +83,42 @@ def test_inductor_plans_the_pools_within_the_queries(report):
     assert plan["launches"] == [sum(FLA_FORWARD.values()), sum(FLA_BACKWARD.values())], plan["launches"]
     assert plan["gdn_kcp_ops"] == [[], []], plan["gdn_kcp_ops"]
     assert plan["planned_peak"] == [plan["workspace"][0] + plan["index_bytes"], plan["workspace"][1]], plan
+
+
+def test_inductor_plans_every_kcp_rank_within_the_queries(report):
+    """``gdn_kcp`` on every rank of 2 and 3 ranks (each compiled alone in a
+    fake process group; a2a, ring, a replayed boundary with
+    ``schedule="overlap"``, save_transfer with two segments): the graphs
+    call the exchange ops and no opaque gdn_kcp::fwd / bwd; the backward's
+    plan peaks at most at its workspace (the gradients go into freed pools),
+    the forward's at most at its workspace, the saved tensors and o (Inductor
+    may allocate o before the tape walk, when w's pool is still held)."""
+    rows = report["kcp_plans"]
+    assert len(rows) == 11, [(r["case"], r["rank"]) for r in rows]
+    for row in rows:
+        forward, backward = row["planned_peak"]
+        for ops in row["gdn_kcp_ops"]:
+            assert ops and not [op for op in ops if op.endswith((".fwd", ".bwd"))], row
+            assert all(op.split(".")[-1] in ("all_to_all", "all_to_all_start", "all_to_all_issued",
+                                             "all_to_all_wait", "send_recv") for op in ops), row
+        assert backward <= row["workspace"][1], row
+        assert forward <= row["workspace"][0] + row["saved_bytes"] + row["o_bytes"], row
+
+
+def test_planned_peak_sizes_exchange_outputs_by_dtype():
+    """An exchange op's output is counted at its send's dtype (fp32 here, 4
+    bytes an element), a buffer freed when its last alias is deleted."""
+    from gdn_kcp.kernels.triton.traced_launches import planned_peak
+
+    code = """def call(args):
+        buf0 = empty_strided_cuda((1024, ), (1, ), torch.float32)
+        buf1 = torch.ops.gdn_kcp.all_to_all.default(reinterpret_tensor(buf0, (1024, ), (1, ), 0), [512, 512], [256, 256], '0', 'c1', [buf0])
+        buf2 = buf1
+        assert_size_stride(buf2, (512, ), (1, ), 'torch.ops.with_effects')
+        del buf1
+        del buf0
+        buf3 = empty_strided_cuda((100, ), (1, ), torch.bfloat16)
+        del buf2
+        return (buf3, )
+    """
+    assert planned_peak(code) == 1024 * 4 + 512 * 4

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.queries.comm import a2a_split_elements
+from gdn_kcp.queries.shapes import numel
 
 from .counting import count
 from .ordered import all_to_all_into, all_to_all_issued, all_to_all_start, all_to_all_wait, ordered_all_to_all
@@ -97,17 +99,26 @@ class Done:
         return self.received
 
 
-def _pack(ctx: KcpContext, send: torch.Tensor, parts: list[torch.Tensor], HV: int, K: int) -> None:
-    """``[1, HV, K, *]`` parts side by side into ``send`` as ``[s_pad, K, *]``,
-    padded heads zero."""
-    if send.numel() == 0:
-        return
+def _pack(ctx: KcpContext, buffers, pool: str, parts: list[torch.Tensor], HV: int, K: int) -> torch.Tensor:
+    """Buffer ``pool`` (``buffers.take``) holding the ``[1, HV, K, *]``
+    ``parts`` side by side as ``[s_pad, K, *]``, padded heads zero (no parts:
+    as bound). Traced, the parts are joined into a new tensor that becomes the
+    pool (``buffers.adopt``): under Inductor, writes into views of a pool
+    cost a second copy of it."""
+    spec = buffers.spec(pool)
+    if torch.compiler.is_compiling() and parts and numel(spec.shape):
+        pad = (0, 0, 0, 0, 0, ctx.padded_heads(HV) - HV)  # one pointwise cat of padded parts: one buffer
+        return buffers.adopt(pool, torch.cat([F.pad(part[0], pad) for part in parts], dim=-1))
+    send = buffers.take(pool)
+    if not parts or send.numel() == 0:
+        return send
     padded = send.view(ctx.padded_heads(HV), K, -1)
     column = 0
     for part in parts:
         padded[:HV, :, column : column + part.shape[-1]].copy_(part[0])
         column += part.shape[-1]
     padded[HV:].zero_()
+    return send
 
 
 def _slots(buffer: torch.Tensor, ranks: list[int], s_owner: int, K: int) -> dict[int, torch.Tensor]:
@@ -115,6 +126,37 @@ def _slots(buffer: torch.Tensor, ranks: list[int], s_owner: int, K: int) -> dict
     if not ranks:
         return {}
     return dict(zip(ranks, buffer.view(len(ranks), s_owner, K, -1).unbind(0)))
+
+
+def _chained(buffers, pool: str, ranks: list[int], links, s_owner: int, K: int) -> torch.Tensor:
+    """Buffer ``pool`` as one ``[s_owner, K, *]`` slot per rank of ``ranks``,
+    filled by ``links`` in order: ``(t, m, r, s)`` sets slot t to
+    ``m @ slot r + s`` (``m`` None: to ``s``). Eagerly in place in the pool;
+    traced, the slots are new tensors stacked into the pool
+    (``buffers.adopt``), as for :func:`_pack`."""
+    traced = torch.compiler.is_compiling() and bool(ranks)
+    out = None if traced else buffers.take(pool)
+    slots = {} if traced else _slots(out, ranks, s_owner, K)
+    for t, m, r, s in links:
+        if traced:
+            slots[t] = s if m is None else torch.matmul(m, slots[r]) + s
+        elif m is None:
+            slots[t].copy_(s)
+        else:
+            torch.matmul(m, slots[r], out=slots[t])
+            slots[t].add_(s)
+    return buffers.adopt(pool, torch.stack([slots[r] for r in ranks])) if traced else out
+
+
+def _stacked(buffers, name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """Buffer ``name`` (a pool or a saved tensor) holding ``parts`` stacked
+    (traced: the stack itself, ``buffers.adopt``)."""
+    if torch.compiler.is_compiling() and parts:
+        return buffers.adopt(name, torch.stack(parts))
+    out = buffers.take(name)
+    for i, part in enumerate(parts):
+        out[i].copy_(part)
+    return out
 
 
 def _blocks(recv: torch.Tensor, sizes: list[int], s_owner: int, K: int) -> dict[int, torch.Tensor]:
@@ -130,9 +172,7 @@ def _blocks(recv: torch.Tensor, sizes: list[int], s_owner: int, K: int) -> dict[
 def keep_own_m(buffers, summary: torch.Tensor | None, mid: int, V: int) -> None:
     """A kept boundary saves a middle rank's own M (``[mid, HV, K, K]``) for b1."""
     if buffers.keeps("m"):
-        saved = buffers.new_saved("m")
-        if mid:
-            saved.copy_(summary[..., V:])
+        _stacked(buffers, "m", [summary[0, ..., V:]] if mid else [])
 
 
 def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, K: int, V: int,
@@ -145,10 +185,9 @@ def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, 
     keep_summary = phase_call == "bwd" and mid and not options.save_transfer
     arena.phase(f"{phase_call}.phase.c1")
     sends, recvs = a2a_split_elements(ctx, "c1", HV, K, V)
-    send = arena.bind("c1_send")
+    send = _pack(ctx, buffers, "c1_send", [summary] if summary is not None else [], HV, K)
     keep_own_m(buffers, summary, mid, V)
     if summary is not None:
-        _pack(ctx, send, [summary], HV, K)
         if not keep_summary:
             arena.release("summary")
             summary = None
@@ -157,25 +196,15 @@ def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, 
 
     arena.phase(f"{phase_call}.phase.c2")
     sends, recvs = a2a_split_elements(ctx, "c2", HV, K, V)
-    c2_send = arena.bind("c2_send")
-    s_in_of = _slots(c2_send, [r for r in range(ctx.R) if ctx.rank_n_in[r]], s_owner, K)
     blocks = _blocks(recv, a2a_split_elements(ctx, "c1", HV, K, V)[1], s_owner, K)
-    middles = [r for r in range(ctx.R) if ctx.rank_middle[r]]
+    # every chain in rank order: S_in(next) = M_r S_in(r) + S_loc(r)
+    links = [(ctx.rank_next[r], blocks[r][..., V:] if ctx.rank_middle[r] else None, r, blocks[r][..., :V])
+             for r in range(ctx.R) if ctx.rank_n_out[r]]
+    c2_send = _chained(buffers, "c2_send", [r for r in range(ctx.R) if ctx.rank_n_in[r]], links, s_owner, K)
     kept_m = None
     if options.save_transfer and (phase_call == "bwd" or buffers.keeps("owner_m")):
-        kept_m = arena.bind("kept_m") if phase_call == "bwd" else buffers.new_saved("owner_m")
-    for r in range(ctx.R):  # every chain in rank order: S_in(next) = M_r S_in(r) + S_loc(r)
-        if not ctx.rank_n_out[r]:
-            continue
-        target = s_in_of[ctx.rank_next[r]]
-        block = blocks[r]
-        if ctx.rank_middle[r]:
-            torch.matmul(block[..., V:], s_in_of[r], out=target)
-            target.add_(block[..., :V])
-            if kept_m is not None:
-                kept_m[middles.index(r)].copy_(block[..., V:])
-        else:
-            target.copy_(block[..., :V])
+        kept_m = _stacked(buffers, "kept_m" if phase_call == "bwd" else "owner_m",
+                          [blocks[r][..., V:] for r in range(ctx.R) if ctx.rank_middle[r]])
     arena.release("c1_recv")
     s_in = _all_to_all(ctx, "c2", "s_in", c2_send, sends, recvs, buffers)
     arena.release("c2_send")
@@ -195,9 +224,9 @@ def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV:
     st = options.save_transfer
     arena.phase("bwd.phase.b1")
     sends, recvs = a2a_split_elements(ctx, "b1", HV, K, V, save_transfer=st)
-    send = arena.bind("b1_send")
+    parts = [] if nu is None else [nu] + ([m] if ctx.rank_middle[ctx.rank] and not st else [])
+    send = _pack(ctx, buffers, "b1_send", parts, HV, K)
     if nu is not None:
-        _pack(ctx, send, [nu] + ([m] if ctx.rank_middle[ctx.rank] and not st else []), HV, K)
         arena.release("nu")
     if replayed and ctx.rank_middle[ctx.rank] and not st:
         arena.release("summary")
@@ -206,20 +235,16 @@ def backward_a2a(ctx: KcpContext, buffers, nu, *, m, kept_m, replayed: bool, HV:
 
     arena.phase("bwd.phase.b2")
     sends, recvs_b2 = a2a_split_elements(ctx, "b2", HV, K, V)
-    b2_send = arena.bind("b2_send")
-    lam_of = _slots(b2_send, [r for r in range(ctx.R) if ctx.rank_n_out[r]], s_owner, K)
     blocks = _blocks(recv, recvs, s_owner, K)
     middles = [r for r in range(ctx.R) if ctx.rank_middle[r]]
-    for r in reversed(range(ctx.R)):  # lambda_end(prev) = M_r^T lambda_end(r) + nu_r
-        if not ctx.rank_n_in[r]:
-            continue
-        target, nu_r = lam_of[ctx.rank_prev[r]], blocks[r][..., :V]
-        if ctx.rank_middle[r]:
-            m_r = kept_m[middles.index(r)] if st else blocks[r][..., V:]
-            torch.matmul(m_r.mT, lam_of[r], out=target)
-            target.add_(nu_r)
-        else:
-            target.copy_(nu_r)
+
+    def m_of(r: int) -> torch.Tensor:
+        return kept_m[middles.index(r)] if st else blocks[r][..., V:]
+
+    # lambda_end(prev) = M_r^T lambda_end(r) + nu_r
+    links = [(ctx.rank_prev[r], m_of(r).mT if ctx.rank_middle[r] else None, r, blocks[r][..., :V])
+             for r in reversed(range(ctx.R)) if ctx.rank_n_in[r]]
+    b2_send = _chained(buffers, "b2_send", [r for r in range(ctx.R) if ctx.rank_n_out[r]], links, s_owner, K)
     arena.release("b1_recv")
     if st and replayed:
         arena.release("kept_m")

@@ -241,24 +241,24 @@ def _arguments(call: str) -> list[str]:
     return out
 
 
-def _extern_item_bytes(line: str, dtypes: dict[str, str]) -> int:
-    """Bytes an element of what the extern call on ``line`` returns: for a
+def _extern_dtype(line: str, dtypes: dict[str, str]) -> str | None:
+    """The dtype of what the extern call on ``line`` returns: for a
     ``gdn_kcp`` exchange op, from :data:`_EXTERN_DTYPES` (``dtypes``: buffer
-    -> dtype of the graph's inputs and the buffers made so far); for any
-    other op 8 (an upper bound)."""
+    -> dtype of the graph's inputs and the buffers made so far); None for any
+    other op."""
     op = re.search(r"torch\.ops\.gdn_kcp\.(\w+)\.default\(", line)
     if op is None:
-        return 8
+        return None
     literal = re.search(r"torch\.(float64|float32|bfloat16|float16|int64|int32)\b", line)
     rule = _EXTERN_DTYPES.get(op.group(1))
     if rule is None and literal:
-        return _ITEM_BYTES[literal.group(1)]
+        return literal.group(1)
     if isinstance(rule, str):
-        return _ITEM_BYTES[rule]
+        return rule
     if rule is not None:
         base = re.match(r"(?:reinterpret_tensor\()?(\w+)", _arguments(line[op.start():])[rule])
         if base and base.group(1) in dtypes:
-            return _ITEM_BYTES[dtypes[base.group(1)]]
+            return dtypes[base.group(1)]
     raise ValueError(f"no dtype known for what this call returns: {line!r}")
 
 
@@ -269,7 +269,7 @@ def planned_peak(code: str) -> int:
     is left. A buffer an extern call returns (``torch.ops.*``,
     ``extern_kernels.*``, or item ``bufM[i]`` of one) is sized from its
     ``assert_size_stride``, an element at the dtype of a ``gdn_kcp`` exchange
-    op's output (:func:`_extern_item_bytes`) or 8 bytes for any other op (an
+    op's output (:func:`_extern_dtype`) or 8 bytes for any other op (an
     upper bound; only small index buffers here). Any other assignment to a
     buffer raises. Graph inputs are not counted; outputs stay held to the end."""
     body = code[code.index("def call("):]
@@ -300,7 +300,10 @@ def planned_peak(code: str) -> int:
                 dtypes[alias.group(1)] = dtypes[alias.group(2)]
         elif extern:
             storage[extern.group(1)] = len(size)
-            unsized[len(size)] = _extern_item_bytes(line, dtypes) if "torch.ops." in line else 8
+            dtype = _extern_dtype(line, dtypes)
+            if dtype is not None:
+                dtypes[extern.group(1)] = dtype
+            unsized[len(size)] = 8 if dtype is None else _ITEM_BYTES[dtype]
             size.append(0)
         elif re.match(r"buf\d+ = ", line):
             raise ValueError(f"unrecognised buffer assignment: {line!r}")
@@ -347,45 +350,64 @@ class _Captured(Exception):
     """Raised by a captured module's ``call``: the compile is over."""
 
 
+def _output_codes(step, make_leaves) -> list[str]:
+    """Inductor's forward and backward output modules of ``step(*leaves)``
+    (summed and differentiated) under :func:`gdn_kcp.trace_host_path`, the
+    Triton programs standing in on fake tensors (``make_leaves()`` makes
+    them), captured, never run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gdn_kcp import trace_host_path
+    from gdn_kcp.host.programs import use_programs
+
+    codes: list[str] = []
+    torch._dynamo.reset()
+    with hopper_analysis(), use_programs("cpu", "triton"), FakeTensorMode(allow_non_fake_inputs=True), \
+            _captured_output_code(codes), trace_host_path():
+        try:
+            torch.compile(step, fullgraph=True)(*make_leaves()).float().sum().backward()
+        except Exception as error:  # the captured forward raises when it is called
+            if not isinstance(error, _Captured) and "_Captured" not in repr(error):
+                raise
+    if len(codes) != 2:
+        raise RuntimeError(f"expected a forward and a backward output module, captured {len(codes)}")
+    return codes
+
+
+def _bf16_leaves(T: int, H_qk: int, HV: int, K: int, V: int):
+    """q, k ``[1, T, H_qk, K]``, v ``[1, T, HV, V]``, g, beta ``[1, T, HV]``: bf16 leaves."""
+    leaf = dict(dtype=torch.bfloat16, requires_grad=True)
+    return (torch.randn(1, T, H_qk, K, **leaf), torch.randn(1, T, H_qk, K, **leaf), torch.randn(1, T, HV, V, **leaf),
+            torch.randn(1, T, HV, **leaf), torch.randn(1, T, HV, **leaf))
+
+
+def _ops(code: str) -> list[str]:
+    return sorted(set(re.findall(r"torch\.ops\.gdn_kcp\.\w+", code)))
+
+
 def inductor_plan(T: int = 256, H_qk: int = 1, HV: int = 2, K: int = 64, V: int = 64) -> dict:
     """Inductor's output code for a forward and backward of the FLA-style
     entry (two documents in a capped ``cu_seqlens``, bf16, in-kernel norm,
     Triton programs, fake tensors): its launches, any opaque gdn_kcp op, the
     peak of each graph's buffers, and the byte queries of the same call (the
     workspace of each call, o, the gradients, the index tables)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from gdn_kcp import OptionsKcp, chunk_gated_delta_rule, gdn_workspace_bytes_kcp, trace_host_path
+    from gdn_kcp import OptionsKcp, chunk_gated_delta_rule, gdn_workspace_bytes_kcp
     from gdn_kcp.context.builders import capped_context
     from gdn_kcp.context.sms import device_sms
-    from gdn_kcp.host.programs import use_programs
 
     bounds = [0, T * 2 // 5, T]
 
-    def fla(q, k, v, g, b, cu):
-        return chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+    def fla(q, k, v, g, b):
+        return chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(bounds))[0]
 
-    codes: list[str] = []
-    torch._dynamo.reset()
-    with hopper_analysis(), use_programs("cpu", "triton"), FakeTensorMode(allow_non_fake_inputs=True), \
-            _captured_output_code(codes), trace_host_path():
-        leaf = dict(dtype=torch.bfloat16, requires_grad=True)
-        q, k = torch.randn(1, T, H_qk, K, **leaf), torch.randn(1, T, H_qk, K, **leaf)
-        v, g, b = torch.randn(1, T, HV, V, **leaf), torch.randn(1, T, HV, **leaf), torch.randn(1, T, HV, **leaf)
-        try:
-            torch.compile(fla, fullgraph=True)(q, k, v, g, b, torch.tensor(bounds))
-        except Exception as error:  # the captured forward raises when it is called
-            if not isinstance(error, _Captured) and "_Captured" not in repr(error):
-                raise
-    if len(codes) != 2:
-        raise RuntimeError(f"expected a forward and a backward output module, captured {len(codes)}")
+    codes = _output_codes(fla, lambda: _bf16_leaves(T, H_qk, HV, K, V))
     ctx = capped_context(torch.tensor(bounds), [(0, T)], 0, n_sms=device_sms("cpu"))
     options = OptionsKcp(use_qk_l2norm=True)
     workspace = {call: gdn_workspace_bytes_kcp(ctx, H_qk, HV, K, V, dtype=torch.bfloat16, options=options,
                                                call=call) for call in ("fwd", "bwd")}
     return {
         "launches": [code.count(".run(") for code in codes],
-        "gdn_kcp_ops": [sorted(set(re.findall(r"torch\.ops\.gdn_kcp\.\w+", code))) for code in codes],
+        "gdn_kcp_ops": [_ops(code) for code in codes],
         "planned_peak": [planned_peak(code) for code in codes],
         "workspace": [workspace["fwd"], workspace["bwd"]],
         "o_bytes": T * HV * V * 2,
@@ -394,10 +416,59 @@ def inductor_plan(T: int = 256, H_qk: int = 1, HV: int = 2, K: int = 64, V: int 
     }
 
 
+KCP_PLAN_CASES = (
+    ("a2a", 3, {}),
+    ("ring", 3, {}),
+    ("a2a", 2, {"boundary_mode": "replay", "schedule": "overlap"}),
+    ("a2a", 3, {"save_transfer": True, "segments": 2}),
+)
+"""``(exchange, R, options)`` of :func:`kcp_inductor_plans`: every rank of each."""
+
+
+def kcp_inductor_plans(T: int = 512, H_qk: int = 1, HV: int = 2, K: int = 64, V: int = 64) -> list[dict]:
+    """Inductor's output code for a forward and backward of ``gdn_kcp`` on
+    every rank of :data:`KCP_PLAN_CASES` (two documents, the second crossing
+    every rank boundary; bf16, in-kernel norm, Triton programs, fake
+    tensors), each rank compiled alone in a fake process group of R ranks
+    (``torch.testing``'s: the exchanges are traced, never run). Per rank: the
+    peak of each graph's buffers (:func:`planned_peak`), the exchange ops it
+    calls, and the byte queries of the same call (each call's workspace, the
+    saved tensors, o)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp, gdn_saved_bytes_kcp, gdn_workspace_bytes_kcp
+
+    rows = []
+    for exchange, R, more in KCP_PLAN_CASES:
+        options = OptionsKcp(use_qk_l2norm=True, exchange=exchange, **more)
+        for rank in range(R):
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=R)
+            try:
+                ctx = build_kcp_context([0, 40, T])
+                lo, hi = ctx.rank_ranges[rank]
+                codes = _output_codes(lambda q, k, v, g, b: gdn_kcp(q, k, v, g, b, ctx, options=options)[0],
+                                      lambda: _bf16_leaves(hi - lo, H_qk, HV, K, V))
+                queries = dict(dtype=torch.bfloat16, options=options)
+                rows.append({
+                    "case": f"{exchange} R={R} {more}", "rank": rank,
+                    "planned_peak": [planned_peak(code) for code in codes],
+                    "gdn_kcp_ops": [_ops(code) for code in codes],
+                    "workspace": [gdn_workspace_bytes_kcp(ctx, H_qk, HV, K, V, call=call, **queries)
+                                  for call in ("fwd", "bwd")],
+                    "saved_bytes": gdn_saved_bytes_kcp(ctx, H_qk, HV, K, V, **queries),
+                    "o_bytes": (hi - lo) * HV * V * 2,
+                })
+            finally:
+                dist.destroy_process_group()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
-    print(json.dumps({"kernel_writes": kernel_writes(), "graphs": traced_step(), "inductor_plan": inductor_plan()}))
+    print(json.dumps({"kernel_writes": kernel_writes(), "graphs": traced_step(), "inductor_plan": inductor_plan(),
+                      "kcp_plans": kcp_inductor_plans()}))
 
 
 if __name__ == "__main__":
