@@ -166,28 +166,27 @@ class Pools:
     def phase(self, name: str) -> None:
         pass
 
-    def bind(self, name: str) -> torch.Tensor:
+    def _claim(self, name: str):
+        """The spec of pool ``name``, now bound (checked against the layout)."""
         spec = self.pools.get(name)
         if spec is None:
             raise RuntimeError(f"the {self.call} layout has no pool {name!r}")
         if name in self.bound:
             raise RuntimeError(f"pool {name!r} is already bound")
         self.bound.add(name)
+        return spec
+
+    def bind(self, name: str) -> torch.Tensor:
+        spec = self._claim(name)
         if name not in self.tensors:
             self.tensors[name] = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
         return self.tensors[name]
 
     def adopt(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Bind ``tensor`` (what a traced exchange returned, any shape with the
-        pool's elements and dtype) as pool ``name``: the exchange's output is
-        the pool, not a buffer copied into it."""
-        spec = self.pools.get(name)
-        if spec is None:
-            raise RuntimeError(f"the {self.call} layout has no pool {name!r}")
-        if name in self.bound:
-            raise RuntimeError(f"pool {name!r} is already bound")
-        self.bound.add(name)
-        self.tensors[name] = adopted_view(f"pool {name!r}", spec, tensor)
+        """Bind ``tensor`` (what the traced path computed for the pool: an
+        exchange's output, a pack; any shape with the pool's elements and
+        dtype) as pool ``name``: the tensor is the pool, not copied into one."""
+        self.tensors[name] = adopted_view(f"pool {name!r}", self._claim(name), tensor)
         return self.tensors[name]
 
     def release(self, *names: str) -> None:

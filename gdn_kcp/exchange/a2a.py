@@ -187,10 +187,9 @@ def forward_a2a(ctx: KcpContext, buffers, summary, *, phase_call: str, HV: int, 
     sends, recvs = a2a_split_elements(ctx, "c1", HV, K, V)
     send = _pack(ctx, buffers, "c1_send", [summary] if summary is not None else [], HV, K)
     keep_own_m(buffers, summary, mid, V)
-    if summary is not None:
-        if not keep_summary:
-            arena.release("summary")
-            summary = None
+    if summary is not None and not keep_summary:
+        arena.release("summary")
+        summary = None
     recv = _all_to_all(ctx, "c1", "c1_recv", send, sends, recvs, buffers)
     arena.release("c1_send")
 
