@@ -32,10 +32,11 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return accumulator_dtype(check_input_dtype(dtype))
 
 
-INPUT_DTYPE_BUFFERS = ("A", "w", "v_new", "h", "dh", "dv_new", "dq_heads", "dk_heads", "dw")
+INPUT_DTYPE_BUFFERS = ("A", "w", "v_new", "h", "scores", "dh", "dv_new", "dq_heads", "dk_heads", "dw")
 """Buffers stored in the input dtype (bf16 / fp16 inputs; fp32 and fp64 inputs
 keep them in the compute dtype, which is then the input dtype): the forward
-tapes A, w, v_new (u until the tape walk) and h, and the backward's dh, dv_new
+tapes A, w, v_new (u until the tape walk) and h, the scores of a forward that
+keeps no tape (read only as a product's operand), and the backward's dh, dv_new
 and per-value-head dq, dk, dw, as flash-linear-attention keeps them. Each is a
 product's output that later programs read as a matrix-product operand, which
 the precision rule rounds to the input dtype there anyway, so storing it

@@ -89,6 +89,12 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     out["o"] = torch.zeros(T, HV, V, dtype=dtype, device=device)
     scale = K**-0.5
     programs.output(q, k, g, out["h"], out["v_new"], index, scale=scale, o_out=out["o"], **norms)
+    # the forward that keeps no tape: scores, then the tape walk and the output in one walk
+    out.update(scores=new(T, HV, CHUNK_SIZE, pool="scores"), o_walk=torch.zeros_like(out["o"]),
+               final_walk=new(N, HV, K, V))
+    programs.scores(q, k, g, index, scores_out=out["scores"], **norms)
+    programs.walk_output(q, k, out["w"], out["u"], g, out["scores"], index, scale=scale, initial_state=state0,
+                         s_in=s_in, o_out=out["o_walk"], final_state_out=out["final_walk"], **norms)
 
     do = randn(T, HV, V, dtype=dtype)
     out["dv_local"] = new(T, HV, V, pool="dv_new")
@@ -167,12 +173,17 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     out: dict[str, torch.Tensor] = {}
     out.update(fold=new(1, HV, K, V + K), h=new(index.n_chunks, HV, K, V, pool="h"), v_new=u.clone(),
                final=new(N, HV, K, V), nu_fold=new(1, HV, K, V), dh=new(index.n_chunks, HV, K, V, pool="dh"),
-               dv_new=dv_local.clone(), d_initial=new(N, HV, K, V))
+               dv_new=dv_local.clone(), d_initial=new(N, HV, K, V),
+               o_walk=torch.zeros(T, HV, V, dtype=dtype, device=device), final_walk=new(N, HV, K, V))
+    scores = new(T, HV, CHUNK_SIZE, pool="scores")  # the walk with the output reads the torch scores
+    torch_programs.scores(q, k, g, index, scores_out=scores, **norms)
     if not segmented:
         programs.summary_walk(k, w, u, g, index, k_rstd=norms["k_rstd"], initial_state=state0,
                               summary_out=out["fold"])
         programs.tape_walk(k, w, out["v_new"], g, index, k_rstd=norms["k_rstd"], initial_state=state0, s_in=s_in,
                            h_out=out["h"], v_new_out=out["v_new"], final_state_out=out["final"])
+        programs.walk_output(q, k, w, u, g, scores, index, scale=scale, initial_state=state0, s_in=s_in,
+                             o_out=out["o_walk"], final_state_out=out["final_walk"], **norms)
         programs.adjoint_summary(q, k, w, g, do, dv_local, index, scale=scale, d_final_state=d_final,
                                  nu_out=out["nu_fold"], **norms)
         programs.adjoint_walk(q, k, w, g, do, out["dv_new"], index, scale=scale, d_final_state=d_final,
@@ -192,6 +203,8 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     # phase 3
     programs.tape_walk(k, w, out["v_new"], g, tables.walk, k_rstd=norms["k_rstd"], initial_state=state0, s_in=s_in,
                        h_out=out["h"], v_new_out=out["v_new"], final_state_out=out["final"], carry_in=out["start"])
+    programs.walk_output(q, k, w, u, g, scores, tables.walk, scale=scale, initial_state=state0, s_in=s_in,
+                         o_out=out["o_walk"], final_state_out=out["final_walk"], carry_in=out["start"], **norms)
     # backward: phase 1, the crossing-in fragment's nu, the carry plane, phase 3
     programs.adjoint_segment_summary(q, k, w, g, do, dv_local, tables.summary, scale=scale, nu_out=out["nu"],
                                      **norms)

@@ -56,3 +56,31 @@ def test_tape_walk_states_are_prefix_states(l2):
         cu_seqlens=torch.tensor(bounds),
     )
     assert max_abs(final_state, expected_final) < 1e-10
+
+
+@pytest.mark.parametrize("l2", [False, True])
+def test_walk_with_output_is_the_oracle(l2):
+    """scores then walk_output (the forward that keeps no tape) give the fp64
+    oracle's o and final states, from initial states, over random documents."""
+    T, H_qk, HV, K, V = 200, 1, 2, 16, 8
+    q, k, v, g, beta = make_inputs(T, H_qk, HV, K, V, seed=12, l2=l2)
+    bounds = random_bounds(T, seed=5, max_len=150)
+    N = len(bounds) - 1
+    state0 = torch.randn(N, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    index = ChunkIndex.from_fragments(bounds)
+    flat = [x[0] for x in (q, k, v, g, beta)]
+    empty = lambda *shape: torch.empty(shape, dtype=torch.float64)  # noqa: E731
+    A, w, u, p = empty(T, HV, CHUNK_SIZE), empty(T, HV, K), empty(T, HV, V), empty(T, HV, CHUNK_SIZE)
+    q_rstd, k_rstd = (empty(T, H_qk), empty(T, H_qk)) if l2 else (None, None)
+    programs.prep(*flat, index, A_out=A, w_out=w, u_out=u, q_rstd_out=q_rstd, k_rstd_out=k_rstd)
+    programs.scores(flat[0], flat[1], flat[3], index, q_rstd=q_rstd, k_rstd=k_rstd, scores_out=p)
+    o, final_state = empty(T, HV, V), torch.zeros(N, HV, K, V).double()
+    programs.walk_output(flat[0], flat[1], w, u, flat[3], p, index, scale=K**-0.5, q_rstd=q_rstd, k_rstd=k_rstd,
+                         initial_state=state0, s_in=None, o_out=o, final_state_out=final_state)
+    assert index.max_frag_chunks >= 2  # some document holds several chunks
+    expected_o, expected_final = naive_recurrence(
+        q, k, v, g, beta, scale=K**-0.5, initial_state=state0, output_final_state=True, use_qk_l2norm=l2,
+        cu_seqlens=torch.tensor(bounds),
+    )
+    assert max_abs(o, expected_o[0]) < 1e-10
+    assert max_abs(final_state, expected_final) < 1e-10

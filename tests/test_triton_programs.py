@@ -106,7 +106,7 @@ def test_triton_segment_programs_match_torch_twins(name):
 
     case = SEGMENT_CASES[name]
     errors = compare_segments_with_torch(triton_programs, **case)
-    assert len(errors) == 14
+    assert len(errors) == 16  # with the walk with the output: o and the final states
     bad = {k: v for k, v in errors.items() if not v < TOLERANCE[case["dtype"]]}
     assert not bad, bad
 

@@ -100,9 +100,9 @@ def test_tapes_and_backward_buffers_in_the_input_dtype_everything_else_in_the_co
     layout = gdn_workspace_layout_kcp(ctx, 1, 2, 64, 64, dtype=dtype)  # light: the backward recomputes the tapes
     pools = {**layout.fwd.pools, **layout.bwd.pools}
     saved = gdn_saved_layout_kcp(ctx, 1, 2, 64, 64, dtype=dtype, options=OptionsKcp(save_mode="full"))
-    assert {"A", "w", "v_new", "h", "dh", "dq_heads"} <= set(pools) and {"A", "w", "v_new", "h"} <= set(saved)
+    assert {"A", "w", "v_new", "h", "scores", "dh", "dq_heads"} <= set(pools) and {"A", "w", "v_new", "h"} <= set(saved)
     for name, spec in [*pools.items(), *saved.items()]:
-        narrow = name in ("A", "w", "v_new", "h", "dh", "dv_new", "dq_heads", "dk_heads", "dw")
+        narrow = name in ("A", "w", "v_new", "h", "scores", "dh", "dv_new", "dq_heads", "dk_heads", "dw")
         assert spec.dtype == (dtype if narrow else compute), name
     assert saved["h"].nbytes == 3 * 2 * 64 * 64 * dtype.itemsize
 

@@ -1,4 +1,6 @@
-"""Forward: prep (#1), [summary walk, exchange c1/c2], tape walk (#2), output (#5).
+"""Forward: prep (#1), [summary walk, exchange c1/c2], tape walk (#2), output (#5);
+a forward that keeps no tape (save_mode light or inverse) runs the scores and
+the walk with the output (the tape walk and the output in one walk) instead.
 
 Every buffer comes from the call's arena (a pool named in the layout) or, when
 the save plan keeps it for the backward, is a saved tensor sized by
@@ -174,15 +176,40 @@ def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, in
     ``index``: that index, when the caller passes it (fenced, see
     :class:`gdn_kcp.exchange.a2a.InFlight`)."""
     tapes.h = buffers.take("h")
-    if index is None:
-        index = seg.tables.walk if seg else call.index
     call.programs.tape_walk(
-        k, tapes.w, tapes.v_new, g, index,
-        k_rstd=tapes.k_rstd, initial_state=initial_state,
-        s_in=s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None,
+        k, tapes.w, tapes.v_new, g, index or walk_index(call, seg),
+        k_rstd=tapes.k_rstd, initial_state=initial_state, s_in=walk_start(call, s_in),
         h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
         carry_in=seg.start if seg else None, **call.gate,
     )
+
+
+def walk_index(call: Call, seg: Segments | None) -> ChunkIndex:
+    """The index a walk runs over: the segmented one (phase 3) with segments."""
+    return seg.tables.walk if seg else call.index
+
+
+def walk_start(call: Call, s_in: torch.Tensor | None) -> torch.Tensor | None:
+    """The crossing-in fragment's start state as a walk reads it (its HV heads
+    of what arrived, which a2a pads), or None."""
+    return s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None
+
+
+def run_walk_output(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in,
+                    final_state_out, seg: Segments | None) -> torch.Tensor:
+    """The forward that keeps no tape: binds the scores, then walks the states
+    and writes o in the same walk (no h, no v_new). Returns o."""
+    scores = buffers.take("scores")
+    call.programs.scores(q, k, g, call.index, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, scores_out=scores,
+                         **call.gate)
+    o = torch.empty_like(tapes.v_new, dtype=q.dtype)
+    call.programs.walk_output(
+        q, k, tapes.w, tapes.v_new, g, scores, walk_index(call, seg),
+        scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, initial_state=initial_state,
+        s_in=walk_start(call, s_in), o_out=o, final_state_out=final_state_out,
+        carry_in=seg.start if seg else None, **call.gate,
+    )
+    return o
 
 
 def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state,
@@ -242,19 +269,22 @@ def host_forward(
         compose_starts(call, seg, buffers, phase_call="fwd", initial_state=initial_state, s_in=s_in,
                        final_state_out=final_state)
     arena.phase("fwd.phase.walk")
-    run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=final_state,
-                  seg=seg)
+    walk = dict(initial_state=initial_state, s_in=s_in, final_state_out=final_state, seg=seg)
+    o = None if keeps_tapes else run_walk_output(q, k, g, call, tapes, buffers, **walk)
+    if keeps_tapes:
+        run_tape_walk(k, g, call, tapes, buffers, **walk)
     if s_in is not None:
         buffers.drop("s_in")
     if seg is not None:
         arena.release("seg_start", "seg_index")
     buffers.drop("w")
     arena.phase("fwd.phase.output")
-    o = torch.empty_like(v, dtype=q.dtype)
-    call.programs.output(
-        q, k, g, tapes.h, tapes.v_new, call.index,
-        scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o, **call.gate,
-    )
-    buffers.drop("v_new", "h", *call.norms)
+    if keeps_tapes:
+        o = torch.empty_like(v, dtype=q.dtype)
+        call.programs.output(
+            q, k, g, tapes.h, tapes.v_new, call.index,
+            scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o, **call.gate,
+        )
+    buffers.drop("v_new", "h" if keeps_tapes else "scores", *call.norms)
     arena.close()
     return o, final_state

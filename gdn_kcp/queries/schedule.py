@@ -110,15 +110,17 @@ def forward_events(d: Dims) -> Events:
     if d.ctx.exchanges:
         _forward_exchange(ev, d, "fwd")
     _compose_starts(ev, d, "fwd")
+    # the walk: the tape walk into h when the tapes are kept, else the scores and the walk with the output
+    walked = pooled(o, "h") if save_plan(o).keeps_tapes else ("scores",)
     ev.phase("fwd.phase.walk")
-    ev.bind(*pooled(o, "h"))
+    ev.bind(*walked)
     if d.ctx.exchanges and _s_in_is_pool(d, "fwd") and (d.a2a or d.n_in):
         ev.release("s_in")
     if d.segmented:
         ev.release("seg_start", "seg_index")
     ev.release(*pooled(o, "w"))
     ev.phase("fwd.phase.output")
-    ev.release(*pooled(o, "v_new", "h", *norm_tapes(o)))
+    ev.release(*pooled(o, "v_new"), *walked, *pooled(o, *norm_tapes(o)))
     return ev
 
 

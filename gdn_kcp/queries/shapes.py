@@ -136,6 +136,8 @@ def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
         "q_rstd": (T, H_qk),
         "k_rstd": (T, H_qk),
         "h": (NC, HV, K, V),
+        # a forward that keeps no tape: the chunks' scores for the walk with the output, in place of h
+        "scores": (T, HV, CHUNK_SIZE),
         # backward scratch; dv_new holds the local dv until the adjoint walk
         "dv_new": (T, HV, V),
         "dh": (NC, HV, K, V),

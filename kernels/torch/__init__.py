@@ -1,8 +1,9 @@
 """Device-agnostic torch programs: the CPU path and the reference speed.
 
 Forward: :func:`prep` (#1), :func:`summary_walk`, :func:`tape_walk` (#2),
-:func:`output` (#5). Backward: :func:`w_u` (prep's second half, from the A
-that ``save_mode="inverse"`` saves), :func:`bwd_local_dv`, :func:`adjoint_summary`,
+:func:`output` (#5); in a forward that keeps no tape, :func:`scores` and
+:func:`walk_output` (the tape walk and the output in one walk) instead of the
+last two. Backward: :func:`w_u` (prep's second half, from the A that ``save_mode="inverse"`` saves), :func:`bwd_local_dv`, :func:`adjoint_summary`,
 :func:`adjoint_walk`, :func:`bwd_dqkwg`, :func:`bwd_wy`,
 :func:`bwd_gate_cumsum`, :func:`bwd_qk_norm`. Segments (P > 1):
 :func:`segment_summary`, :func:`compose_segments` (forward phases 1 and 2),
@@ -24,10 +25,12 @@ from .adjoint_walk import adjoint_walk
 from .output import output
 from .prep import prep, w_u
 from .recurrent import decode_step, recurrent
+from .scores import scores
 from .segment_summary import segment_summary
 from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
+from .walk_output import walk_output
 
 __all__ = [
     "adjoint_segment_summary",
@@ -45,10 +48,12 @@ __all__ = [
     "output",
     "prep",
     "recurrent",
+    "scores",
     "segment_summary",
     "short_conv_bwd",
     "short_conv_fwd",
     "summary_walk",
     "tape_walk",
     "w_u",
+    "walk_output",
 ]

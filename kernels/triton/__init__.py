@@ -27,10 +27,12 @@ from .compose_segments import compose_segments
 from .output import output
 from .prep import prep, w_u
 from .recurrent import decode_step, recurrent
+from .scores import scores
 from .segment_summary import segment_summary
 from .short_conv import conv_step, short_conv_bwd, short_conv_fwd
 from .summary_walk import summary_walk
 from .tape_walk import tape_walk
+from .walk_output import walk_output
 
 __all__ = [
     "adjoint_segment_summary",
@@ -48,10 +50,12 @@ __all__ = [
     "output",
     "prep",
     "recurrent",
+    "scores",
     "segment_summary",
     "short_conv_bwd",
     "short_conv_fwd",
     "summary_walk",
     "tape_walk",
     "w_u",
+    "walk_output",
 ]

@@ -40,11 +40,13 @@ from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import BKS_OUTPUT, BV_OUTPUT, output_kernel
 from .prep import BK_WU, BV_WU, l2_rstd_kernel, prep_kernel
 from .recurrent import BV_RECURRENT, recurrent_kernel
+from .scores import BKS_SCORES, scores_kernel
 from .segment_summary import segment_summary_kernel
 from .short_conv import (BD_CONV, BD_STEP, BT_CONV, DW_BLOCKS, conv_step_kernel, short_conv_bwd_dw_kernel,
                          short_conv_bwd_dx_kernel, short_conv_fwd_kernel)
 from .summary_walk import summary_walk_kernel
 from .tape_walk import tape_walk_kernel
+from .walk_output import walk_output_kernel
 from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
 
 SHARED_MEMORY_LIMIT = 232_448
@@ -61,6 +63,8 @@ INPUT_POINTERS = {
     "prep_kernel": {"k", "v", "g", "beta", "A", "w", "u"},
     "tape_walk_kernel": {"k", "g", "w", "u", "h_out", "v_new"},
     "summary_walk_kernel": {"k", "g", "w", "u"},
+    "scores_kernel": {"q", "k", "g", "scores"},
+    "walk_output_kernel": {"q", "k", "g", "w", "u", "scores", "o"},
     "output_kernel": {"q", "g", "k", "o", "h", "v_new"},
     "bwd_local_dv_kernel": {"q", "g", "k", "do", "dv"},
     "adjoint_walk_kernel": {"q", "g", "k", "w", "do", "dv_local", "dh", "dv"},
@@ -85,6 +89,8 @@ WRITES = {
     "prep_kernel": {"w", "u"},
     "tape_walk_kernel": {"h_out", "v_new", "final_state"},
     "summary_walk_kernel": {"out"},
+    "scores_kernel": {"scores"},
+    "walk_output_kernel": {"o", "final_state"},
     "output_kernel": {"o"},
     "bwd_local_dv_kernel": {"dv"},
     "adjoint_walk_kernel": {"dh", "dv", "d_initial"},
@@ -126,6 +132,10 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
          dict(BT=BT, BKS=min(BKS_INVERSE, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16", **beta)),
         ("prep_kernel", prep_kernel, dict(walk, BK=min(BK_WU, BK), BV=min(BV_WU, head_block(V)), **beta)),
         ("tape_walk_kernel", tape_walk_kernel,
+         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
+        ("scores_kernel", scores_kernel,
+         dict(BT=BT, BKS=min(BKS_SCORES, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16")),
+        ("walk_output_kernel", walk_output_kernel,
          dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, BV=walk_block(V), IS_M=False)),
         ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=walk_block(K), IS_M=True)),

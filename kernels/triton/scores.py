@@ -1,0 +1,61 @@
+"""Forward (Triton): the chunk's decayed causal scores for the walk with the
+output; one program per (chunk, value head). Same signature as
+``kernels.torch.scores``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import BT, acc_dtype, chunk_scores, chunk_tokens, head_block, launch, mm_mode, pointer, store_rows_cols
+
+NUM_WARPS = 4
+"""Warps per program. On sm_90 (bf16, K = V = 128, triton 3.6) with key slices
+of 16: 162 registers and no spill, three programs per SM; the calibrated
+model prices a launch at T = 32K, HV = 32 at 182 us (capped at 128 registers,
+four per SM, it spills 24 B per thread: 193 us; slices of 32 spill 72 B at 168)."""
+BKS_SCORES = 16
+"""Key columns per slice of Q and K (as local dv, which forms the same scores)."""
+
+
+@triton.jit
+def scores_kernel(
+    q, k, g, gate_params, q_rstd, k_rstd, scores, chunk_table,
+    n_chunks, H_qk, HV, K,
+    BT: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+    ACC: tl.constexpr, MM: tl.constexpr,
+):
+    """One chunk of one value head; grid (NC, HV)."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_hk = i_h // (HV // H_qk)
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
+    p = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, tok, m_t, H_qk, i_hk, HV, i_h, K, BT, BKS, HAS_NORM,
+                     GATE, ACC, MM)
+    store_rows_cols(scores, p, tok, m_t, HV, i_h, BT, 0, BT)
+
+
+def scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    gate_params: torch.Tensor | None = None,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    scores_out: torch.Tensor,
+) -> None:
+    """See ``kernels.torch.scores``."""
+    H_qk, K = q.shape[1], q.shape[2]
+    HV = scores_out.shape[1]
+    if index.n_chunks == 0:
+        return
+    launch(scores_kernel)[(index.n_chunks, HV)](
+        q, k, g, pointer(gate_params, g), pointer(q_rstd, g), pointer(k_rstd, g), scores_out, index.chunk_table,
+        index.n_chunks, H_qk, HV, K,
+        BT=BT, BKS=min(BKS_SCORES, head_block(K)), HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+    )

@@ -1,0 +1,115 @@
+"""The tape walk and the output in one walk (Triton), for a forward that keeps
+no tape; one program per (fragment, value head, value tile), as the tape walk.
+Same signature as ``kernels.torch.walk_output``.
+
+Per chunk, from the state halves ``S = [S1; S2]`` at its start: ``diag(gamma)
+Q S`` against the two matching column slices of Q, ``V_new = U - W S``, then
+``O = scale (diag(gamma) Q S + P V_new)`` with the scores ``P`` that
+``kernels.triton.scores`` stored, then the state update of
+``_common.state_chunk``. Neither the states at the chunk starts nor v_new
+leaves the registers: at T = 32K, HV = 32, K = V = 128 (bf16) that is 537 MB of
+h and 268 MB of v_new neither written nor read back, for 1.07 GB of q and
+134 MB of scores read (the calibrated model: 1,009 us against 1,328 for the
+tape walk and the output)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk_index import ChunkIndex
+from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, dot, frag_info, head_block, launch,
+                      load_operand_cols, load_qk_cols, load_rows_cols, load_state_halves, load_tile, lower_dot,
+                      mm_mode, operand, pointer, store_rows_cols, store_state_halves, walk_block, walk_operands)
+
+NUM_WARPS = 8
+"""Warps per program, as the tape walk (``_common.walk_block``)."""
+NUM_STAGES = WALK_STAGES
+
+
+@triton.jit
+def walk_output_kernel(
+    q, k, w, u, g, gate_params, q_rstd, k_rstd, scores, chunk_table, frag_table, initial_state, s_in, carry_in,
+    o, final_state, scale,
+    n_chunks, n_frag, H_qk, HV, K, V,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_CARRY: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+):
+    i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_hk = i_h // (HV // H_qk)
+    col = i_v * BV
+    first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
+    BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
+    S1 = tl.zeros([BH, BV], dtype=ACC)
+    S2 = tl.zeros([BH, BV], dtype=ACC)
+    if HAS_INITIAL:
+        if (flags & 1) == 0:
+            S1, S2 = load_state_halves(initial_state, initial_row, HV, i_h, K, V, col, BH, BV, ACC)
+    if HAS_S_IN:
+        if (flags & 1) != 0:
+            S1, S2 = load_state_halves(s_in, 0, HV, i_h, K, V, col, BH, BV, ACC)
+    if HAS_CARRY:
+        if (flags & 8) != 0:  # SEGMENT: a segment row starts at its carry-plane row (frag_table row 6)
+            S1, S2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BH, BV, ACC)
+    for j in range(0, count):
+        c = first + j
+        start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
+        tok, o_t, m_t = chunk_tokens(start, length, BT)
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
+        gamma = tl.exp(G)
+        b_q1 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, 0, BH, HAS_NORM, ACC), MM)
+        b_q2 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, BH, BH, HAS_NORM, ACC), MM)
+        b_o = dot(b_q1, S1, MM) + dot(b_q2, S2, MM)
+        b_w1 = load_operand_cols(w, tok, m_t, HV, i_h, K, 0, BH, MM, ACC)
+        b_w2 = load_operand_cols(w, tok, m_t, HV, i_h, K, BH, BH, MM, ACC)
+        b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - (dot(b_w1, S1, MM) + dot(b_w2, S2, MM))
+        b_p = operand(load_tile(scores, tok, m_t, HV, i_h, BT, 0, BT).to(ACC), MM)
+        b_o += lower_dot(b_p, b_vn, MM)
+        store_rows_cols(o, scale * b_o, tok, m_t, HV, i_h, V, col, BV)
+        b_vs = operand(k_scale[:, None] * b_vn, MM)
+        b_k1 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, 0, BH, HAS_NORM, ACC), MM)
+        S1 = gamma_last * S1 + dot(tl.trans(b_k1), b_vs, MM)
+        b_k2 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, BH, BH, HAS_NORM, ACC), MM)
+        S2 = gamma_last * S2 + dot(tl.trans(b_k2), b_vs, MM)
+    if HAS_FINAL:
+        if (flags & 2) == 0:
+            store_state_halves(final_state, S1, S2, i_f, HV, i_h, K, V, col, BH, BV)
+
+
+def walk_output(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    g: torch.Tensor,
+    scores: torch.Tensor,
+    index: ChunkIndex,
+    *,
+    gate_params: torch.Tensor | None = None,
+    scale: float,
+    q_rstd: torch.Tensor | None,
+    k_rstd: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    s_in: torch.Tensor | None,
+    o_out: torch.Tensor,
+    final_state_out: torch.Tensor | None,
+    carry_in: torch.Tensor | None = None,
+) -> None:
+    """See ``kernels.torch.walk_output``."""
+    has_carry = carry_in is not None and carry_in.shape[0] > 0
+    H_qk, K = k.shape[1], k.shape[2]
+    HV, V = u.shape[1], u.shape[2]
+    if index.n_frag == 0:
+        return
+    BV = walk_block(V)
+    launch(walk_output_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
+        q, k, w, u, g, pointer(gate_params, g), pointer(q_rstd, g), pointer(k_rstd, g), scores,
+        index.chunk_table, index.frag_table, pointer(initial_state, o_out), pointer(s_in, o_out),
+        carry_in if has_carry else o_out, o_out, pointer(final_state_out, o_out), scale,
+        index.n_chunks, index.n_frag, H_qk, HV, K, V,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_INITIAL=initial_state is not None,
+        HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, HAS_CARRY=has_carry,
+        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
