@@ -202,9 +202,10 @@ def counterpart_ratios(ours: dict, fla: dict) -> dict:
     import roofline
 
     out = {}
-    for kernel, theirs in roofline.COUNTERPARTS.items():
-        if ours.get(kernel) and all(name in fla for name in theirs):
-            out[kernel] = round(sum(fla[name] for name in theirs) / ours[kernel], 3)
+    for kernels, theirs in roofline.COUNTERPARTS.items():
+        mine = sum(ours.get(kernel, 0.0) for kernel in kernels)
+        if mine and all(name in fla for name in theirs):
+            out["+".join(kernels)] = round(sum(fla[name] for name in theirs) / mine, 3)
     return out
 
 

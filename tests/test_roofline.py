@@ -291,7 +291,7 @@ def test_gpu_check_rates_and_ratios_come_from_the_model():
                        if x.kernel == "prep_kernel") > 0
     rates = gpu_check.achieved_tflops({"gdn_kcp": {"prep_kernel": 2.0, "aten::mm": 1.0}}, ctx, dims)
     assert rates == {"gdn_kcp": {"prep_kernel": round(prep / 2e-3 / 1e12, 2)}}
-    fla = dict.fromkeys(roofline.COUNTERPARTS["prep_kernel"], 1.0)
+    fla = dict.fromkeys(roofline.COUNTERPARTS[("prep_kernel",)], 1.0)
     assert gpu_check.counterpart_ratios({"prep_kernel": 2.0, "output_kernel": 1.0}, fla) == {
         "prep_kernel": len(fla) / 2.0}  # output's counterpart was not profiled
 
