@@ -647,9 +647,10 @@ def breakdown(results: Mapping) -> str:
 
     intra = {"chunk_gated_delta_rule_fwd_kkt_solve_kernel", "recompute_w_u_fwd_kernel"}
     return (f"prep {ms('ours', {'wy_inverse_kernel', 'prep_kernel'}, 'fwd'):.2f} ms in the forward against "
-            f"{ms('fla', intra, 'fwd'):.2f} ms for FLA's kkt + solve and W, U; the tape walk "
-            f"{ms('ours', {'tape_walk_kernel'}, 'fwd'):.2f} ms against FLA's "
-            f"{ms('fla', {'chunk_gated_delta_rule_fwd_kernel_h_blockdim64'}, 'fwd'):.2f} ms; bwd_dqkwg "
+            f"{ms('fla', intra, 'fwd'):.2f} ms for FLA's kkt + solve and W, U; the scores and the walk with the "
+            f"output {ms('ours', {'scores_kernel', 'walk_output_kernel'}, 'fwd'):.2f} ms against "
+            f"{ms('fla', {'chunk_gated_delta_rule_fwd_kernel_h_blockdim64', 'chunk_fwd_kernel_o'}, 'fwd'):.2f} ms "
+            f"for FLA's state walk and output; bwd_dqkwg "
             f"{ms('ours', {'bwd_dqkwg_kernel'}, 'bwd'):.2f} ms against FLA's "
             f"{ms('fla', {'chunk_bwd_kernel_dqkwg'}, 'bwd'):.2f} ms")
 

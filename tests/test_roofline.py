@@ -27,7 +27,7 @@ _spec.loader.exec_module(roofline)
 Launch, Work, H200 = roofline.Launch, roofline.Work, roofline.H200
 ETA_M, ETA_C, LATENCY = H200.memory_efficiency, H200.compute_efficiency, H200.step_latency
 TENSOR = {"products": "wgmma", "registers": 128, "num_warps": 4, "shared": 0, "spill_stores": 0}  # 4 resident per SM
-POOLS = {"A": 2, "w": 2, "v_new": 2, "h": 2, "q_rstd": 4, "k_rstd": 4, "dv_new": 2, "dh": 2, "dq_heads": 2,
+POOLS = {"A": 2, "w": 2, "v_new": 2, "h": 2, "scores": 2, "q_rstd": 4, "k_rstd": 4, "dv_new": 2, "dh": 2, "dq_heads": 2,
          "dk_heads": 2, "dw": 2, "dgcum": 4}  # bytes per element of each pool at bf16 (gdn_kcp.dtypes.buffer_dtype)
 TINY = roofline.Shape(T=128, H=1, HV=2, K=16, V=16, NC=2, fragments=1)  # one value tile of 16 per head
 
@@ -79,14 +79,14 @@ def test_walk_latency_falls_with_fragments_and_rises_with_step_latency():
     shape = replace(TINY, T=64 * 512, NC=512)
 
     def serial(fragments, machine):
-        walk = launch_of(roofline.our_launches(replace(shape, fragments=fragments), POOLS), "tape_walk_kernel")
+        walk = launch_of(roofline.our_launches(replace(shape, fragments=fragments), POOLS), "tape_walk_kernel", "bwd")
         return roofline.terms(walk, TENSOR, machine)["serial"]
 
     assert serial(2, latency_bound) == pytest.approx(serial(1, latency_bound) / 2)  # half the steps, 4 programs
     assert serial(1, latency_bound) > serial(1, H200) > serial(1, replace(H200, step_latency=0.01e-6))
     # 128 programs x 512 steps, each moving its bytes at 1/128 of the HBM: memory-bound once latency is small
     # (and the products run at the full peak)
-    walk = launch_of(roofline.our_launches(roofline.Shape(), POOLS), "tape_walk_kernel")
+    walk = launch_of(roofline.our_launches(roofline.Shape(), POOLS), "tape_walk_kernel", "bwd")
     t = roofline.terms(walk, dict(TENSOR, registers=255, num_warps=8),
                        replace(H200, step_latency=0.01e-6, compute_efficiency=1.0))
     assert walk.programs == 128 and t["serial"] == pytest.approx(walk.work.bytes * 128 / (H200.hbm * ETA_M))
@@ -95,13 +95,23 @@ def test_walk_latency_falls_with_fragments_and_rises_with_step_latency():
 
 def test_our_launches_counted_by_hand():
     launches = roofline.our_launches(TINY, POOLS)
-    output = launch_of(launches, "output_kernel")
+    full = roofline.our_launches(TINY, POOLS, "full")  # the forward that keeps its tapes: tape walk, output
+    output = launch_of(full, "output_kernel")
     assert output.programs == 4  # 2 chunks x 2 heads x 1 value tile
     assert output.work == Work(bf16=131072 + 32768 + 131072,  # QK^T 2*64*64*16, Q S0 2*64*16*16, P Vn 2*64*64*16
                                bytes=4096 + 512 + 128 + 512 + 2048 + 2048)  # q k, their norms, g, h, v_new, o
-    walk = launch_of(launches, "tape_walk_kernel")
+    walk = launch_of(full, "tape_walk_kernel")
     assert (walk.programs, walk.steps) == (2, 2) and walk.work == walk.step * 2
     assert walk.step == Work(bf16=65536, bytes=2048 + 256 + 128 + 2048 + 4096 + 512)  # k, k_rstd, g, w, u + v_new, h
+    assert launch_of(launches, "tape_walk_kernel", "bwd") == replace(walk, phase="bwd")  # light recomputes it
+    assert not any(x.kernel in ("tape_walk_kernel", "output_kernel") for x in launches if x.phase == "fwd")
+    scores = launch_of(launches, "scores_kernel")
+    assert scores.programs == 4 and scores.work == Work(bf16=131072,  # QK^T 2*64*64*16
+                                                        bytes=4096 + 512 + 128 + 8192)  # q k, norms, g, scores
+    fused = launch_of(launches, "walk_output_kernel")
+    assert (fused.programs, fused.steps) == (2, 2) and fused.work == fused.step * 2
+    # W S, K^T Vn and Q S 2*64*16*16 each, P Vn 2*64*64*16; q k and norms, g, w, u, scores, o
+    assert fused.step == Work(bf16=3 * 32768 + 131072, bytes=4096 + 512 + 128 + 2048 + 2048 + 8192 + 2048)
     inverse, w_u = launch_of(launches, "wy_inverse_kernel"), launch_of(launches, "prep_kernel")
     assert inverse.steps == 7 and inverse.step == Work(fp32=6 * 64 * 8)  # eight 8-row half blocks at once
     # L 2*64*64*16, the merges on tensor cores: 2 pairs x 2 products x 2*16^3, then 2 products x 2*32^3; in fp32
@@ -119,7 +129,8 @@ def test_our_launches_counted_by_hand():
 def test_bytes_follow_the_pool_dtypes():
     shape = roofline.Shape()
     fp32_w, bf16_w = roofline.our_launches(shape, dict(POOLS, w=4)), roofline.our_launches(shape, POOLS)
-    extra = launch_of(fp32_w, "tape_walk_kernel").work.bytes - launch_of(bf16_w, "tape_walk_kernel").work.bytes
+    extra = (launch_of(fp32_w, "tape_walk_kernel", "bwd").work.bytes
+             - launch_of(bf16_w, "tape_walk_kernel", "bwd").work.bytes)
     assert extra == shape.NC * shape.C * shape.K * 2  # w read once per chunk, 2 more bytes an element
 
 
@@ -169,7 +180,11 @@ def test_the_same_math_counts_the_same_flops():
 
     assert flops(ours, "bwd_wy_kernel") == flops(fla, "prepare_wy_repr_bwd_kernel")
     fla_o128 = roofline.fla_launches(roofline.Shape(), {"chunk_fwd_kernel_o": dict(BK=128, BV=128)})
-    assert flops(ours, "output_kernel", "fwd") == flops(fla_o128, "chunk_fwd_kernel_o", "fwd")  # value tiles of 128
+    full = roofline.our_launches(roofline.Shape(), POOLS, "full")
+    assert flops(full, "output_kernel", "fwd") == flops(fla_o128, "chunk_fwd_kernel_o", "fwd")  # value tiles of 128
+    # the walk with the output does the tape walk's and the output's products, its scores Q K^T included
+    assert flops(ours, "scores_kernel", "fwd") + flops(ours, "walk_output_kernel", "fwd") == (
+        flops(full, "tape_walk_kernel", "fwd") + flops(full, "output_kernel", "fwd"))
     assert flops(ours, "tape_walk_kernel") == flops(fla, "chunk_gated_delta_rule_fwd_kernel_h_blockdim64")
     assert flops(ours, "adjoint_walk_kernel") == flops(fla, "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64")
 
