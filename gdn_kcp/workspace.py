@@ -195,6 +195,13 @@ class Pools:
             if not self.graph:
                 self._free(self.tensors.pop(name))
 
+    def hand_over(self, name: str) -> torch.Tensor:
+        """Release pool ``name`` without freeing it: its tensor leaves the
+        arena as an output of the call (the traced forward's o is the U pool
+        its walk overwrote), so neither this release nor :meth:`close` frees it."""
+        self.bound.remove(name)
+        return self.tensors.pop(name)
+
     def close(self) -> None:
         self.bound.clear()
         for tensor in self.tensors.values():

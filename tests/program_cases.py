@@ -200,7 +200,8 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
                               final_state_out=None, summary_out=out["fold"])
     programs.compose_segments(out["summary"], index, rows, P, initial_state=state0, s_in=s_in,
                               start_out=out["start"], final_state_out=out["final"], summary_out=None)
-    # phase 3
+    # phase 3 (the walk with the output writes the final states the composition did not: from its copy)
+    out["final_walk"] = out["final"].clone()
     programs.tape_walk(k, w, out["v_new"], g, tables.walk, k_rstd=norms["k_rstd"], initial_state=state0, s_in=s_in,
                        h_out=out["h"], v_new_out=out["v_new"], final_state_out=out["final"], carry_in=out["start"])
     programs.walk_output(q, k, w, u, g, scores, tables.walk, scale=scale, initial_state=state0, s_in=s_in,

@@ -86,14 +86,14 @@ traffic of 1 layer per training step, per rank: N x comm sent; at most 4,096 B (
 rank 0: tokens [0, 80), 1 fragments, 2 chunks, n_in=0 n_out=1 middle=0
   segments P = 2: 2 summary rows
   workspace (gdn_workspace_bytes_kcp)          56,576 B       0.05 MiB
-    fwd.phase.prep                     30,720 B       0.03 MiB  <- largest
+    fwd.phase.prep                     30,720 B       0.03 MiB
     fwd.phase.segments                 18,688 B       0.02 MiB
     fwd.phase.summary                  20,736 B       0.02 MiB
     fwd.phase.c1                       22,784 B       0.02 MiB
     fwd.phase.c2                       20,736 B       0.02 MiB
     fwd.phase.compose                  22,784 B       0.02 MiB
-    fwd.phase.walk                     16,640 B       0.02 MiB
-    fwd.phase.output                    7,168 B       0.01 MiB
+    fwd.phase.walk                     35,072 B       0.03 MiB  <- largest
+    fwd.phase.output                   25,600 B       0.02 MiB
     bwd.phase.prep                     30,720 B       0.03 MiB
     bwd.phase.segments                 39,168 B       0.04 MiB
     bwd.phase.compose                  43,264 B       0.04 MiB
@@ -119,7 +119,8 @@ rank 0: tokens [0, 80), 1 fragments, 2 chunks, n_in=0 n_out=1 middle=0
     c1_recv      fwd      [256]                           1,024 B       0.00 MiB
     c2_send      fwd      [256]                           1,024 B       0.00 MiB
     seg_start    fwd,bwd  [2, 2, 16, 16]                  4,096 B       0.00 MiB
-    h            fwd,bwd  [2, 2, 16, 16]                  2,048 B       0.00 MiB
+    scores       fwd      [80, 2, 64]                    20,480 B       0.02 MiB
+    h            bwd      [2, 2, 16, 16]                  2,048 B       0.00 MiB
     dv_new       bwd      [80, 2, 16]                     5,120 B       0.00 MiB
     seg_nu       bwd      [2, 2, 16, 16]                  4,096 B       0.00 MiB
     b1_send      bwd      [0]                                 0 B       0.00 MiB
@@ -143,14 +144,14 @@ rank 0: tokens [0, 80), 1 fragments, 2 chunks, n_in=0 n_out=1 middle=0
 rank 1: tokens [80, 160), 2 fragments, 2 chunks, n_in=1 n_out=0 middle=0
   segments P = 2: 1 summary rows
   workspace (gdn_workspace_bytes_kcp)          50,944 B       0.05 MiB
-    fwd.phase.prep                     30,720 B       0.03 MiB  <- largest
+    fwd.phase.prep                     30,720 B       0.03 MiB
     fwd.phase.segments                 14,592 B       0.01 MiB
     fwd.phase.summary                  14,592 B       0.01 MiB
     fwd.phase.c1                       15,616 B       0.01 MiB
     fwd.phase.c2                       16,640 B       0.02 MiB
     fwd.phase.compose                  16,640 B       0.02 MiB
-    fwd.phase.walk                     14,592 B       0.01 MiB
-    fwd.phase.output                    7,168 B       0.01 MiB
+    fwd.phase.walk                     33,024 B       0.03 MiB  <- largest
+    fwd.phase.output                   25,600 B       0.02 MiB
     bwd.phase.prep                     30,720 B       0.03 MiB
     bwd.phase.segments                 35,072 B       0.03 MiB
     bwd.phase.compose                  37,120 B       0.04 MiB
@@ -175,7 +176,8 @@ rank 1: tokens [80, 160), 2 fragments, 2 chunks, n_in=1 n_out=0 middle=0
     c1_recv      fwd      [256]                           1,024 B       0.00 MiB
     c2_send      fwd      [256]                           1,024 B       0.00 MiB
     seg_start    fwd,bwd  [1, 2, 16, 16]                  2,048 B       0.00 MiB
-    h            fwd,bwd  [2, 2, 16, 16]                  2,048 B       0.00 MiB
+    scores       fwd      [80, 2, 64]                    20,480 B       0.02 MiB
+    h            bwd      [2, 2, 16, 16]                  2,048 B       0.00 MiB
     dv_new       bwd      [80, 2, 16]                     5,120 B       0.00 MiB
     seg_nu       bwd      [1, 2, 16, 16]                  2,048 B       0.00 MiB
     nu           bwd      [1, 2, 16, 16]                  2,048 B       0.00 MiB

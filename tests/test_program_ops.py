@@ -67,7 +67,9 @@ def check_opcheck(calls: dict[str, tuple], names) -> None:
 
 @pytest.fixture(scope="module")
 def one_rank_calls():
-    return record_traced_step(segments=2, save_mode="inverse")  # its backward runs w_u where light reruns prep
+    inverse = record_traced_step(segments=2, save_mode="inverse")  # its backward runs w_u where light reruns prep
+    full = record_traced_step(segments=2, save_mode="full")  # a forward that keeps its tapes: the output program
+    return {**full, **inverse}
 
 
 def test_every_program_is_an_op_with_its_signature():
@@ -100,7 +102,7 @@ def test_opcheck_the_exchange_programs_on_two_ranks():
 
 def test_dynamo_graph_holds_the_programs_as_ops():
     """The FLA-style entry compiled in the block (light save mode: the
-    backward runs prep and the tape walk again): Dynamo's graphs call the
+    forward walks with the output, the backward runs prep and the tape walk again): Dynamo's graphs call the
     named program ops, and no opaque fwd / bwd."""
     graphs = []
 
@@ -124,7 +126,8 @@ def test_dynamo_graph_holds_the_programs_as_ops():
     called = Counter(str(node.target).removeprefix("gdn_kcp.").removesuffix(".default")
                      for gm in graphs for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
                      for node in module.graph.nodes if str(node.target).startswith("gdn_kcp."))
-    assert called == Counter({"prep": 2, "tape_walk": 2, "output": 1, "bwd_local_dv": 1, "adjoint_walk": 1,
+    assert called == Counter({"prep": 2, "scores": 1, "walk_output": 1, "tape_walk": 1, "bwd_local_dv": 1,
+                              "adjoint_walk": 1,
                               "bwd_dqkwg": 1, "bwd_wy": 1, "bwd_gate_cumsum": 1, "bwd_qk_norm": 1}), called
 
 
@@ -146,7 +149,7 @@ def test_export_keeps_the_program_ops_and_round_trips():
     with gdn_kcp.trace_host_path():
         exported = torch.export.export(Entry(), args)
     ops = [str(node.target) for node in exported.graph.nodes if str(node.target).startswith("gdn_kcp.")]
-    assert ops == ["gdn_kcp.prep.default", "gdn_kcp.tape_walk.default", "gdn_kcp.output.default"], ops
+    assert ops == ["gdn_kcp.prep.default", "gdn_kcp.scores.default", "gdn_kcp.walk_output.default"], ops
     saved = io.BytesIO()
     torch.export.save(exported, saved)
     saved.seek(0)

@@ -25,8 +25,8 @@ import pytest
 from gdn_kcp.kernels.triton.compile_specs import WRITES
 
 # the launches of one forward and one backward, by program, in each traced graph
-FLA_FORWARD = {"l2_rstd_kernel": 2, "wy_inverse_kernel": 1, "prep_kernel": 1, "tape_walk_kernel": 1,
-               "output_kernel": 1}
+FLA_FORWARD = {"l2_rstd_kernel": 2, "wy_inverse_kernel": 1, "prep_kernel": 1, "scores_kernel": 1,
+               "walk_output_kernel": 1}  # light and inverse: the walk with the output
 FLA_BACKWARD = {"l2_rstd_kernel": 2, "wy_inverse_kernel": 1, "prep_kernel": 1, "tape_walk_kernel": 1,
                 "bwd_local_dv_kernel": 1, "adjoint_walk_kernel": 1, "bwd_dqkwg_kernel": 1, "bwd_wy_kernel": 1,
                 "bwd_gate_cumsum_kernel": 1, "bwd_qk_norm_kernel": 2}
@@ -76,13 +76,18 @@ def test_traced_step_launches_every_program_and_clones_only_outputs(report):
 def test_inductor_plans_the_pools_within_the_queries(report):
     """Inductor's output code for the FLA-style step (Triton programs, captured,
     not run): one launch per program, no opaque op, and the peak of the
-    buffers it allocates equal to the byte queries: the forward's to its
-    workspace plus the index tables the graph builds (o goes into w's freed
-    pool), the backward's to its workspace (the gradients into freed pools)."""
+    float buffers it allocates equal to the workspace queries (the forward's
+    o is U's pool, which the walk with the output overwrites; the
+    backward's gradients go into freed pools); the forward adds only its
+    int buffers (the index tables it builds from ``cu_seqlens`` and their
+    int64 scratch), the backward none."""
     plan = report["inductor_plan"]
     assert plan["launches"] == [sum(FLA_FORWARD.values()), sum(FLA_BACKWARD.values())], plan["launches"]
     assert plan["gdn_kcp_ops"] == [[], []], plan["gdn_kcp_ops"]
-    assert plan["planned_peak"] == [plan["workspace"][0] + plan["index_bytes"], plan["workspace"][1]], plan
+    assert plan["float_peak"] == plan["workspace"], plan
+    assert plan["int_peak"][0] >= plan["index_bytes"] and plan["int_peak"][1] == 0, plan
+    assert plan["planned_peak"][0] <= plan["workspace"][0] + plan["int_peak"][0], plan
+    assert plan["planned_peak"][1] == plan["workspace"][1], plan
 
 
 def test_inductor_plans_every_kcp_rank_within_the_queries(report):

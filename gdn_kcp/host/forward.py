@@ -21,7 +21,7 @@ from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.options import OptionsKcp, save_plan
 from gdn_kcp.queries.layout import SavedSpec
 from gdn_kcp.queries.shapes import norm_tapes
-from gdn_kcp.workspace import Arena, adopted_view
+from gdn_kcp.workspace import Arena, Pools, adopted_view
 
 from gdn_kcp.plan import segments_for
 
@@ -195,6 +195,17 @@ def walk_start(call: Call, s_in: torch.Tensor | None) -> torch.Tensor | None:
     return s_in[:, : call.HV] if s_in is not None and call.ctx.n_in else None
 
 
+def o_in_u_pool(q: torch.Tensor, tapes: ForwardTapes, buffers: Buffers) -> bool:
+    """Whether the walk with the output writes o over U in its pool: on the
+    traced path (a pool there is a tensor of its own, handed over as the
+    output: :meth:`gdn_kcp.workspace.Pools.hand_over`), when the pool has
+    o's dtype. Each walk program reads a chunk's U tile before it writes o
+    there, and programs own disjoint tiles, so in place is exact; Inductor
+    then needs no buffer for o beside the pools (eagerly the arena's pools
+    outlive the call, so o is a tensor of its own)."""
+    return isinstance(buffers.arena, Pools) and not buffers.keeps("v_new") and tapes.v_new.dtype == q.dtype
+
+
 def run_walk_output(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in,
                     final_state_out, seg: Segments | None) -> torch.Tensor:
     """The forward that keeps no tape: binds the scores, then walks the states
@@ -202,7 +213,7 @@ def run_walk_output(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, 
     scores = buffers.take("scores")
     call.programs.scores(q, k, g, call.index, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, scores_out=scores,
                          **call.gate)
-    o = torch.empty_like(tapes.v_new, dtype=q.dtype)
+    o = tapes.v_new if o_in_u_pool(q, tapes, buffers) else torch.empty_like(tapes.v_new, dtype=q.dtype)
     call.programs.walk_output(
         q, k, tapes.w, tapes.v_new, g, scores, walk_index(call, seg),
         scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, initial_state=initial_state,
@@ -285,6 +296,10 @@ def host_forward(
             q, k, g, tapes.h, tapes.v_new, call.index,
             scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, o_out=o, **call.gate,
         )
-    buffers.drop("v_new", "h" if keeps_tapes else "scores", *call.norms)
+    if o is tapes.v_new:  # the traced walk wrote o over U (o_in_u_pool)
+        buffers.arena.hand_over("v_new")
+    else:
+        buffers.drop("v_new")
+    buffers.drop("h" if keeps_tapes else "scores", *call.norms)
     arena.close()
     return o, final_state

@@ -262,8 +262,10 @@ def _extern_dtype(line: str, dtypes: dict[str, str]) -> str | None:
     raise ValueError(f"no dtype known for what this call returns: {line!r}")
 
 
-def planned_peak(code: str) -> int:
-    """The most bytes the buffers of Inductor's output ``code`` hold at once:
+def planned_peak(code: str, kinds: tuple[str, ...] | None = None) -> int:
+    """The most bytes the buffers of Inductor's output ``code`` hold at once
+    (with ``kinds``, ``"float"`` and / or ``"int"``: of those dtypes only, a
+    buffer of unknown dtype counted with the ints):
     ``empty_strided_*`` allocates; ``reinterpret_tensor(bufM, ...)`` and
     ``bufM`` alias (``# reuse`` included); ``del`` frees a buffer once no alias
     is left. A buffer an extern call returns (``torch.ops.*``,
@@ -279,6 +281,14 @@ def planned_peak(code: str) -> int:
     size: list[int] = []
     unsized: dict[int, int] = {}  # storage id -> bytes of an element
     held = top = 0
+    counted: set[int] = set()  # storage ids of the kinds asked for
+
+    def kind_of(dtype: str | None) -> str:
+        return "float" if dtype is not None and dtype.startswith(("float", "bfloat")) else "int"
+
+    def counts(dtype: str | None) -> bool:
+        return kinds is None or kind_of(dtype) in kinds
+
     for line in body.splitlines():
         line = line.strip()
         if line.startswith("return "):
@@ -291,7 +301,9 @@ def planned_peak(code: str) -> int:
             storage[made.group(1)] = len(size)
             dtypes[made.group(1)] = made.group(4)
             size.append(_storage_bytes(made.group(2), made.group(3), _ITEM_BYTES[made.group(4)]))
-            held += size[-1]
+            if counts(made.group(4)):
+                counted.add(len(size) - 1)
+                held += size[-1]
         elif alias:
             if alias.group(2) not in storage:
                 raise ValueError(f"alias of an unknown buffer: {line!r}")
@@ -304,17 +316,19 @@ def planned_peak(code: str) -> int:
             if dtype is not None:
                 dtypes[extern.group(1)] = dtype
             unsized[len(size)] = 8 if dtype is None else _ITEM_BYTES[dtype]
+            if counts(dtype):
+                counted.add(len(size))
             size.append(0)
         elif re.match(r"buf\d+ = ", line):
             raise ValueError(f"unrecognised buffer assignment: {line!r}")
         elif checked and storage.get(checked.group(1)) in unsized:
             sid = storage[checked.group(1)]
             size[sid] = _storage_bytes(checked.group(2), checked.group(3), unsized.pop(sid))
-            held += size[sid]
+            held += size[sid] if sid in counted else 0
         for names in re.findall(r"\bdel ((?:buf\d+)(?:, buf\d+)*)", line):
             for name in names.split(", "):
                 sid = storage.pop(name, None)
-                if sid is not None and sid not in storage.values():
+                if sid is not None and sid not in storage.values() and sid in counted:
                     held -= size[sid]
         top = max(top, held)
     return top
@@ -409,6 +423,8 @@ def inductor_plan(T: int = 256, H_qk: int = 1, HV: int = 2, K: int = 64, V: int 
         "launches": [code.count(".run(") for code in codes],
         "gdn_kcp_ops": [_ops(code) for code in codes],
         "planned_peak": [planned_peak(code) for code in codes],
+        "float_peak": [planned_peak(code, ("float",)) for code in codes],
+        "int_peak": [planned_peak(code, ("int",)) for code in codes],
         "workspace": [workspace["fwd"], workspace["bwd"]],
         "o_bytes": T * HV * V * 2,
         "grad_bytes": (2 * T * H_qk * K + T * HV * V + 2 * T * HV) * 2,
