@@ -318,9 +318,10 @@ def check_capture_once(results, device, dims, dtype, bounds, steps: int | None =
     results["capture_once"] = capture
 
 
-WALK_KERNELS = ("tape_walk", "segment_summary", "compose_segments", "adjoint_walk", "adjoint_segment_summary",
-                "compose_adjoints")
-"""The kernels of the state walks and of the segment phases (profiler names start with them)."""
+WALK_KERNELS = ("walk_output", "tape_walk", "segment_summary", "compose_segments", "adjoint_walk",
+                "adjoint_segment_summary", "compose_adjoints")
+"""The kernels of the state walks and of the segment phases (profiler names
+start with them; the forward's walk is the walk with the output)."""
 
 
 def time_segments(results, device, dims, dtype, bounds):

@@ -312,7 +312,7 @@ def walk_latency_table(facts: Mapping[str, Mapping], m: Machine = H200, Ps=(1, 2
     return rows
 
 
-WALK_KERNELS = ("tape_walk_kernel", "segment_summary_kernel", "compose_segments_kernel")
+WALK_KERNELS = ("walk_output_kernel", "segment_summary_kernel", "compose_segments_kernel")
 """The kernels of the forward's walk at P segments."""
 
 
@@ -705,7 +705,7 @@ def main() -> None:
     plan_ctx = replace(full_shape()[1], n_sms=machine.sms)
     plan_p = {f"HV={hv}": plan_segments(plan_ctx, hv, 128, 128) for hv in (32, 4)}
     print("\n### Forward walk over intra-rank segments P (one document of 32,768 tokens)\n")
-    print(f"Walk programs resident per SM as compiled: {resident(facts['ours']['tape_walk_kernel'], machine)}. "
+    print(f"Walk programs resident per SM as compiled: {resident(facts['ours']['walk_output_kernel'], machine)}. "
           "The plan (gdn_kcp.plan, 132 SMs) picks P = "
           + ", ".join(f"{p} at {hv}" for hv, p in plan_p.items()) + ".\n")
     columns = [*plan_p, STEPS_ALONE]

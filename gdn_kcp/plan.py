@@ -14,9 +14,11 @@ and spills of the sm_90 compile, which tests/test_roofline.py ties to the
 committed compile facts). ``benchmarks/roofline.py`` times the same
 launches (:func:`walk_launches`).
 
-- ``P = 1``: the tape walk, ``n`` steps (n = ``plan_chunks``) of
-  ``F HV Vt`` programs (F = ``plan_frags``, ``Vt = ceil(V / 32)``), each step
-  reading k, w, u and writing v_new and h (bf16; ``tape_step_bytes``);
+- ``P = 1``: the walk with the output (the forward's walk under the default
+  save modes; ``save_mode="full"`` walks the lighter tape walk, priced the
+  same), ``n`` steps (n = ``plan_chunks``) of ``F HV Vt`` programs
+  (F = ``plan_frags``, ``Vt = ceil(V / 32)``), each step reading q, k, w,
+  u and the scores and writing o (bf16; ``walk_step_bytes``);
 - ``P > 1``: phase 1 folds the P segments of each fragment, ``ceil(n / P)``
   steps of ``F P HV ceil((V + K) / 32)`` programs reading k, w, u; phase 2
   composes P rows, ``P`` steps of ``F HV ceil(V / 16)`` programs (fp32 M and S);
@@ -41,7 +43,7 @@ from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
 WALK_VALUE_TILE = 32
-"""Value columns per tape-walk program (``kernels.triton._common.walk_block``)."""
+"""Value columns per walk program (``kernels.triton._common.walk_block``)."""
 
 SEGMENT_VALUE_TILE = 32
 """Value columns per phase-1 program, over the V + K columns of ``[S | M]``
@@ -51,11 +53,12 @@ COMPOSE_VALUE_TILE = 16
 """Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
 its exact fp32 products stay in registers at 16 columns)."""
 
-WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 254, "shared": 20_756, "spill_stores": 0,
-              "spill_loads": 0}
-"""Compile facts of the tape walk (sm_90, bf16, K = V = 128, triton 3.6: the
-committed ``benchmarks/h200_facts.json``, which a test ties to these): 254
-registers x 8 warps, one program per SM, no spill (its state in two halves)."""
+WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 45_588, "spill_stores": 12,
+              "spill_loads": 12}
+"""Compile facts of the walk with the output, the forward's walk in the
+default save modes (sm_90, bf16, K = V = 128, triton 3.6: the committed
+``benchmarks/h200_facts.json``, which a test ties to these): 255 registers x
+8 warps, one program per SM, 12 B per thread spilled (reloaded every step)."""
 
 SEGMENT_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 20_736, "spill_stores": 0,
                  "spill_loads": 0}
@@ -66,11 +69,12 @@ COMPOSE_FACTS = {"products": "fma", "num_warps": 8, "registers": 246, "shared": 
 """``compose_segments``' (phase 2) compile facts: exact fp32 products, one program per SM."""
 
 
-def tape_step_bytes(K: int, V: int) -> int:
-    """Bytes one tape-walk program moves per step at bf16: k and w rows, the
-    k norm and gate, u read and v_new written, the h tile."""
+def walk_step_bytes(K: int, V: int) -> int:
+    """Bytes one program of the walk with the output moves per step at bf16:
+    q, k and w rows, the q and k norms (fp32) and the gate, u read, the
+    chunk's scores read and o written."""
     C, BV = CHUNK_SIZE, min(WALK_VALUE_TILE, V)
-    return 2 * C * K * 2 + C * (4 + 2) + 2 * C * BV * 2 + K * BV * 2
+    return 3 * C * K * 2 + C * (2 * 4 + 2) + C * BV * 2 + C * C * 2 + C * BV * 2
 
 
 def walk_launches(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int) -> list[tuple[Launch, dict]]:
@@ -79,10 +83,10 @@ def walk_launches(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int) -
     C, F = CHUNK_SIZE, max(frags, 1)
     BV = min(WALK_VALUE_TILE, V)
     tiles = -(-V // WALK_VALUE_TILE)
-    products = Work(bf16=2 * (2 * C * K * BV))  # V_new = U - W S, then K^T V_new: bf16 tensor products
-    tape = replace(products, bytes=tape_step_bytes(K, V))
+    # diag(gamma) Q S, V_new = U - W S, K^T V_new and P V_new: bf16 tensor products
+    step = Work(bf16=3 * (2 * C * K * BV) + 2 * C * C * BV, bytes=walk_step_bytes(K, V))
     if P == 1:
-        return [(walk("fwd", "tape_walk_kernel", F * HV * tiles, chunks, tape), WALK_FACTS)]
+        return [(walk("fwd", "walk_output_kernel", F * HV * tiles, chunks, step), WALK_FACTS)]
     steps = -(-chunks // P)
     SB = min(SEGMENT_VALUE_TILE, V)  # phase 1's value tile
     summary = Work(bf16=2 * (2 * C * K * SB), bytes=2 * C * K * 2 + C * (4 + 2) + C * SB * 2)
@@ -91,7 +95,7 @@ def walk_launches(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int) -
     return [(walk("fwd", "segment_summary_kernel", F * P * HV * -(-(V + K) // SEGMENT_VALUE_TILE), steps, summary),
              SEGMENT_FACTS),
             (walk("fwd", "compose_segments_kernel", F * HV * -(-V // BC), P, compose), COMPOSE_FACTS),
-            (walk("fwd", "tape_walk_kernel", F * P * HV * tiles, steps, tape), WALK_FACTS)]
+            (walk("fwd", "walk_output_kernel", F * P * HV * tiles, steps, step), WALK_FACTS)]
 
 
 def walk_cost(P: int, *, chunks: int, frags: int, HV: int, K: int, V: int, n_sms: int,

@@ -88,28 +88,29 @@ def test_segments_option_range():
 def test_plan_cost_model():
     """The documented model on one document of 32,768 tokens (n = 512 chunks),
     K = V = 128, 132 SMs, with the walks' compile facts (their spills reloaded
-    every step): at HV = 32 the tape walk is HBM-bound and segments only add
-    phase 1's reads: P = 1; at HV = 4 its 16 programs are each bound by their
-    steps' latency and work, and segments spread them: P = 8 at under half
-    the time."""
+    every step): the walk with the output's steps are bound by their latency
+    and products, so at HV = 32 (128 programs, one per SM) segments only add
+    phase 1's work: P = 1; at HV = 4 its 16 programs take as long, and
+    segments spread them over more SMs: P = 8 at about a third of the time."""
     import math
     from dataclasses import replace
 
     from gdn_kcp.context import context_from_split
     from gdn_kcp.cost_model import H200
-    from gdn_kcp.plan import WALK_FACTS, plan_segments, tape_step_bytes, walk_cost
+    from gdn_kcp.plan import WALK_FACTS, plan_segments, walk_cost, walk_step_bytes
 
     shape = dict(chunks=512, frags=1, K=128, V=128, n_sms=132)
-    assert tape_step_bytes(128, 128) == 49536  # value tiles of 32
+    assert walk_step_bytes(128, 128) == 66176  # value tiles of 32
     spills = (WALK_FACTS["spill_stores"] + WALK_FACTS["spill_loads"]) * 32 * WALK_FACTS["num_warps"]
-    step = 49536 + spills  # bytes one walk program moves per step
+    step = 66176 + spills  # bytes one walk program moves per step
     eta = H200.memory_efficiency
-    assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * step * 128 / (4.8e12 * eta))  # 676 us
-    assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(2028, abs=1)
-    products = 2 * (2 * 64 * 128 * 32) / (H200.bf16 / 132 * H200.compute_efficiency)  # one step's, one SM
-    assert step / (64 * 1.83e9 * eta) < H200.step_latency + products  # 16 programs: bound by latency and work
-    assert walk_cost(1, HV=4, **shape) == pytest.approx(512 * (H200.step_latency + products))  # 635 us
-    assert walk_cost(8, HV=4, **shape) * 1e6 == pytest.approx(303, abs=1)
+    # diag(gamma) Q S, W S, K^T V_new (2*64*128*32 each) and P V_new (2*64*64*32): one step's, one SM
+    products = (3 * (2 * 64 * 128 * 32) + 2 * 64 * 64 * 32) / (H200.bf16 / 132 * H200.compute_efficiency)
+    assert step * 128 / (4.8e12 * eta) < H200.step_latency + products  # 128 programs: bound by latency and work
+    assert walk_cost(1, HV=32, **shape) == pytest.approx(512 * (H200.step_latency + products))  # 1,009 us
+    assert walk_cost(4, HV=32, **shape) * 1e6 == pytest.approx(2348, abs=1)
+    assert walk_cost(1, HV=4, **shape) == walk_cost(1, HV=32, **shape)  # 16 programs: each as long
+    assert walk_cost(8, HV=4, **shape) * 1e6 == pytest.approx(344, abs=1)
     ctx = context_from_split([0, 32768], [(0, 32768)], 0, n_sms=132)
     assert plan_segments(ctx, 32, 128, 128) == 1
     assert plan_segments(ctx, 4, 128, 128) == 8
@@ -120,7 +121,7 @@ def test_plan_cost_model():
     unbound = replace(H200, hbm=math.inf, sm_bytes_per_clock=math.inf)
     alone = {P: walk_cost(P, HV=32, machine=unbound, **shape) * 1e6 for P in range(1, 65)}
     assert min(alone, key=alone.get) == 1
-    assert (round(alone[1]), round(alone[4])) == (635, 1966)
+    assert (round(alone[1]), round(alone[4])) == (1009, 2339)
     # the table of the plan in docs/kcp.md
     stated = (Path(__file__).resolve().parent.parent / "docs" / "kcp.md").read_text()
     for HV in (32, 8, 4, 2):
