@@ -23,25 +23,38 @@ def test_chunk_index_layout():
     assert all(t.dtype == torch.int32 for t in (index.chunk_start, index.frag_doc, index.frag_flags))
 
 
-@pytest.mark.parametrize("l2", [False, True])
-def test_tape_walk_states_are_prefix_states(l2):
-    T, H_qk, HV, K, V = 200, 1, 2, 16, 8
-    q, k, v, g, beta = make_inputs(T, H_qk, HV, K, V, seed=11, l2=l2)
-    bounds = random_bounds(T, seed=4, max_len=150)
-    N = len(bounds) - 1
-    state0 = torch.randn(N, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+T, H_qk, HV, K, V = 200, 1, 2, 16, 8
+
+
+def empty(*shape):
+    return torch.empty(shape, dtype=torch.float64)
+
+
+def prepared(l2: bool, seed: int):
+    """fp64 inputs over random documents, initial states and prep's tapes:
+    ``(inputs, bounds, index, state0, flat inputs, w, u, q_rstd, k_rstd)``."""
+    inputs = make_inputs(T, H_qk, HV, K, V, seed=seed, l2=l2)
+    bounds = random_bounds(T, seed=seed - 7, max_len=150)
+    state0 = torch.randn(len(bounds) - 1, HV, K, V, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(seed - 9))
     index = ChunkIndex.from_fragments(bounds)
-    flat = [x[0] for x in (q, k, v, g, beta)]
-    empty = lambda *shape: torch.empty(shape, dtype=torch.float64)  # noqa: E731
+    flat = [x[0] for x in inputs]
     A, w, u = empty(T, HV, CHUNK_SIZE), empty(T, HV, K), empty(T, HV, V)
     q_rstd, k_rstd = (empty(T, H_qk), empty(T, H_qk)) if l2 else (None, None)
     programs.prep(*flat, index, A_out=A, w_out=w, u_out=u, q_rstd_out=q_rstd, k_rstd_out=k_rstd)
+    assert index.max_frag_chunks >= 2  # some document holds several chunks
+    return inputs, bounds, index, state0, flat, w, u, q_rstd, k_rstd
+
+
+@pytest.mark.parametrize("l2", [False, True])
+def test_tape_walk_states_are_prefix_states(l2):
+    (q, k, v, g, beta), bounds, index, state0, flat, w, u, q_rstd, k_rstd = prepared(l2, seed=11)
+    N = len(bounds) - 1
     h, v_new, final_state = empty(index.n_chunks, HV, K, V), empty(T, HV, V), torch.zeros(N, HV, K, V).double()
     programs.tape_walk(
         flat[1], w, u, flat[3], index, k_rstd=k_rstd, initial_state=state0, s_in=None,
         h_out=h, v_new_out=v_new, final_state_out=final_state,
     )
-    assert index.max_frag_chunks >= 2  # some document holds several chunks
     for c in range(index.n_chunks):
         f = int(index.chunk_frag[c])
         start, end = bounds[f], int(index.chunk_start[c])
@@ -62,22 +75,12 @@ def test_tape_walk_states_are_prefix_states(l2):
 def test_walk_with_output_is_the_oracle(l2):
     """scores then walk_output (the forward that keeps no tape) give the fp64
     oracle's o and final states, from initial states, over random documents."""
-    T, H_qk, HV, K, V = 200, 1, 2, 16, 8
-    q, k, v, g, beta = make_inputs(T, H_qk, HV, K, V, seed=12, l2=l2)
-    bounds = random_bounds(T, seed=5, max_len=150)
-    N = len(bounds) - 1
-    state0 = torch.randn(N, HV, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    index = ChunkIndex.from_fragments(bounds)
-    flat = [x[0] for x in (q, k, v, g, beta)]
-    empty = lambda *shape: torch.empty(shape, dtype=torch.float64)  # noqa: E731
-    A, w, u, p = empty(T, HV, CHUNK_SIZE), empty(T, HV, K), empty(T, HV, V), empty(T, HV, CHUNK_SIZE)
-    q_rstd, k_rstd = (empty(T, H_qk), empty(T, H_qk)) if l2 else (None, None)
-    programs.prep(*flat, index, A_out=A, w_out=w, u_out=u, q_rstd_out=q_rstd, k_rstd_out=k_rstd)
+    (q, k, v, g, beta), bounds, index, state0, flat, w, u, q_rstd, k_rstd = prepared(l2, seed=12)
+    N, p = len(bounds) - 1, empty(T, HV, CHUNK_SIZE)
     programs.scores(flat[0], flat[1], flat[3], index, q_rstd=q_rstd, k_rstd=k_rstd, scores_out=p)
     o, final_state = empty(T, HV, V), torch.zeros(N, HV, K, V).double()
     programs.walk_output(flat[0], flat[1], w, u, flat[3], p, index, scale=K**-0.5, q_rstd=q_rstd, k_rstd=k_rstd,
                          initial_state=state0, s_in=None, o_out=o, final_state_out=final_state)
-    assert index.max_frag_chunks >= 2  # some document holds several chunks
     expected_o, expected_final = naive_recurrence(
         q, k, v, g, beta, scale=K**-0.5, initial_state=state0, output_final_state=True, use_qk_l2norm=l2,
         cu_seqlens=torch.tensor(bounds),

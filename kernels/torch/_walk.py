@@ -3,6 +3,7 @@ programs that walk (tape walk, summary walk, adjoint walk, adjoint summary)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -35,6 +36,15 @@ def walk_operands(
     gates = chunk_gates(g, rows, dtype, gate_params)
     return WalkOperands(to_chunks(w, rows, dtype), load_qk(k, k_rstd, rows, dtype, HV), torch.exp(gates.tail),
                         torch.exp(gates.cum[..., -1]), matmul_mode(k.dtype))
+
+
+def forward_steps(index) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Step j of a forward walk over ``index`` (a :class:`ChunkIndex`):
+    ``(active, c)``, the fragments that have a chunk j and that chunk of
+    every fragment ``[F]`` (clamped to a valid chunk where there is none)."""
+    last_chunk = max(index.n_chunks - 1, 0)
+    for j in range(index.max_frag_chunks):
+        yield index.frag_n_chunks > j, (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
 
 
 def state_step(ops: WalkOperands, u: torch.Tensor, c: torch.Tensor, S: torch.Tensor):

@@ -16,7 +16,7 @@ from ..chunk_index import CROSSING_IN, CROSSING_OUT, ChunkIndex, initial_row_shi
 from ..segments import SEGMENT
 from ..precision import accumulator_dtype
 from ._chunks import chunk_rows, from_chunks, put_rows, to_chunks
-from ._walk import state_step, walk_operands
+from ._walk import forward_steps, state_step, walk_operands
 
 
 def state_rows(index: ChunkIndex, flag: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,10 +103,7 @@ def tape_walk(
     uc = to_chunks(u, rows, cdt)
     v_new = torch.empty_like(uc)
     S = start_states(index, uc.new_empty((1, HV, K, V)), initial_state, s_in, carry_in)
-    last_chunk = max(index.n_chunks - 1, 0)
-    for j in range(index.max_frag_chunks):
-        active = index.frag_n_chunks > j
-        c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
+    for active, c in forward_steps(index):
         put_rows(h_out, c, active, S)
         vn, S_next = state_step(ops, uc, c, S)
         put_rows(v_new, c, active, vn)

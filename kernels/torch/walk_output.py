@@ -18,7 +18,7 @@ import torch
 from ..chunk_index import CROSSING_OUT, ChunkIndex
 from ..precision import accumulator_dtype, matmul_mode, mm
 from ._chunks import chunk_gates, chunk_rows, from_chunks, load_qk, lower_matmul, put_rows, to_chunks
-from ._walk import state_step, walk_operands
+from ._walk import forward_steps, state_step, walk_operands
 from .tape_walk import start_states, write_end_states
 
 
@@ -54,10 +54,7 @@ def walk_output(
     pc = to_chunks(scores, rows, cdt)
     oc = torch.empty_like(uc)
     S = start_states(index, uc.new_empty((1, HV, K, V)), initial_state, s_in, carry_in)
-    last_chunk = max(index.n_chunks - 1, 0)
-    for j in range(index.max_frag_chunks):
-        active = index.frag_n_chunks > j
-        c = (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
+    for active, c in forward_steps(index):
         vn, S_next = state_step(ops, uc, c, S)
         put_rows(oc, c, active, mm(q_decayed[c], S, mode) + lower_matmul(pc[c], vn, mode))
         S = torch.where(active[:, None, None, None], S_next, S)

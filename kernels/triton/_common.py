@@ -468,6 +468,28 @@ def load_state_halves(ptr, row, H, h, K, V, col0, BH: tl.constexpr, BV: tl.const
 
 
 @triton.jit
+def start_halves(initial_state, s_in, carry_in, frag_table, n_frag, f, initial_row, flags, H, h, K, V, col,
+                 BH: tl.constexpr, BV: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr,
+                 HAS_CARRY: tl.constexpr, ACC: tl.constexpr):
+    """A forward walk's start state of fragment ``f`` as its two halves
+    (:func:`load_state_halves`): zero; its initial state (row
+    ``initial_row``) when it does not cross in; ``s_in`` when it does; with
+    ``HAS_CARRY``, a ``SEGMENT`` row's carry-plane row (``frag_table`` row 6)."""
+    S1 = tl.zeros([BH, BV], dtype=ACC)
+    S2 = tl.zeros([BH, BV], dtype=ACC)
+    if HAS_INITIAL:
+        if (flags & 1) == 0:
+            S1, S2 = load_state_halves(initial_state, initial_row, H, h, K, V, col, BH, BV, ACC)
+    if HAS_S_IN:
+        if (flags & 1) != 0:
+            S1, S2 = load_state_halves(s_in, 0, H, h, K, V, col, BH, BV, ACC)
+    if HAS_CARRY:
+        if (flags & 8) != 0:  # SEGMENT
+            S1, S2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, f), H, h, K, V, col, BH, BV, ACC)
+    return S1, S2
+
+
+@triton.jit
 def store_state_halves(ptr, X1, X2, row, H, h, K, V, col0, BH: tl.constexpr, BV: tl.constexpr):
     """:func:`store_state` of a walk's two state halves."""
     store_state_rows(ptr, X1, row, H, h, K, V, 0, col0, BH, BV)

@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, dot, frag_info, head_block, launch,
-                      load_operand_cols, load_qk_cols, load_rows_cols, load_state_halves, load_tile, lower_dot,
-                      mm_mode, operand, pointer, store_rows_cols, store_state_halves, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, dot, frag_info, head_block, launch,
+                      load_operand_cols, load_qk_cols, load_rows_cols, load_tile, lower_dot, mm_mode, operand,
+                      pointer, start_halves, store_rows_cols, store_state_halves, walk_block, walk_operands)
 
 NUM_WARPS = 8
 """Warps per program, as the tape walk (``_common.walk_block``)."""
@@ -42,17 +42,8 @@ def walk_output_kernel(
     col = i_v * BV
     first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
     BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
-    S1 = tl.zeros([BH, BV], dtype=ACC)
-    S2 = tl.zeros([BH, BV], dtype=ACC)
-    if HAS_INITIAL:
-        if (flags & 1) == 0:
-            S1, S2 = load_state_halves(initial_state, initial_row, HV, i_h, K, V, col, BH, BV, ACC)
-    if HAS_S_IN:
-        if (flags & 1) != 0:
-            S1, S2 = load_state_halves(s_in, 0, HV, i_h, K, V, col, BH, BV, ACC)
-    if HAS_CARRY:
-        if (flags & 8) != 0:  # SEGMENT: a segment row starts at its carry-plane row (frag_table row 6)
-            S1, S2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BH, BV, ACC)
+    S1, S2 = start_halves(initial_state, s_in, carry_in, frag_table, n_frag, i_f, initial_row, flags, HV, i_h, K, V,
+                          col, BH, BV, HAS_INITIAL, HAS_S_IN, HAS_CARRY, ACC)
     for j in range(0, count):
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
