@@ -86,7 +86,7 @@ from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
 
 from gdn_kcp import OptionsKcp, build_kcp_context
-from gdn_kcp.options import SAVE_MODES
+from gdn_kcp.options import SAVE_MODES, walks_with_output
 from gdn_kcp.plan import plan_segments, walk_launches
 from gdn_kcp.queries import gdn_saved_bytes_kcp, gdn_workspace_layout_kcp
 
@@ -177,20 +177,21 @@ def pool_element_sizes(ctx, s: Shape, options: OptionsKcp, dtype=torch.bfloat16)
 
 # ---------------------------------------------------------------- ours
 
-FORWARD_PROGRAMS = {"light": ("prep", "scores", "walk_output"), "inverse": ("prep", "scores", "walk_output"),
-                    "full": ("prep", "tape_walk", "output")}
+FORWARD_PROGRAMS = {True: ("prep", "scores", "walk_output"), False: ("prep", "tape_walk", "output")}
 BACKWARD_PROGRAMS = ("bwd_local_dv", "adjoint_walk", "bwd_dqkwg", "bwd_wy", "bwd_gate_cumsum", "bwd_qk_norm")
-"""The programs of one forward per save mode (a forward that keeps no tape
-walks with the output), and of one backward after what it recomputes, on one
-rank (host/forward.py, host/backward.py; tests/test_roofline.py checks them)."""
+"""The programs of one forward, by whether it walks with the output
+(``gdn_kcp.options.walks_with_output``: it keeps no tape, K <= 128), and of
+one backward after what it recomputes, on one rank (host/forward.py,
+host/backward.py; tests/test_roofline.py checks them)."""
 
 RECOMPUTED = {"light": ("prep", "tape_walk"), "inverse": ("w_u", "tape_walk"), "full": ()}
 """What the backward runs again before its own programs, per save mode."""
 
 
-def our_programs(save_mode: str = "light") -> dict[str, tuple[str, ...]]:
-    """The programs of one forward and one backward under ``save_mode``."""
-    return {"fwd": FORWARD_PROGRAMS[save_mode], "bwd": RECOMPUTED[save_mode] + BACKWARD_PROGRAMS}
+def our_programs(save_mode: str = "light", K: int = 128) -> dict[str, tuple[str, ...]]:
+    """The programs of one forward and one backward under ``save_mode`` at key head ``K``."""
+    fused = walks_with_output(OptionsKcp(save_mode=save_mode), K)
+    return {"fwd": FORWARD_PROGRAMS[fused], "bwd": RECOMPUTED[save_mode] + BACKWARD_PROGRAMS}
 
 
 def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> list[Launch]:
@@ -232,9 +233,9 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
                     bytes=qk + C * n + K * V * e["h"] + C * V * e["v_new"] + C * V * n)
         return [Launch(phase, "output_kernel", NC * HV, work)]
 
-    def scores(phase: str) -> list[Launch]:  # Q K^T per chunk and value head, decayed, in the input dtype
-        work = Work(bf16=2 * C * C * K, bytes=qk + C * n + C * C * e["scores"])
-        return [Launch(phase, "scores_kernel", NC * HV, work)]
+    def scores(phase: str) -> list[Launch]:  # Q K^T per chunk and key head, decayed per value head
+        work = Work(bf16=2 * C * C * K, bytes=qk + G * (C * n + C * C * e["scores"]))
+        return [Launch(phase, "scores_kernel", NC * H, work)]
 
     def walk_output(phase: str) -> list[Launch]:  # the tape walk's step, then diag(gamma) Q S and P Vn into o
         step = Work(bf16=3 * (2 * C * K * BW) + 2 * C * C * BW,
@@ -274,7 +275,7 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
                 "walk_output": walk_output, "bwd_local_dv": bwd_local_dv,
                 "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
                 "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm}
-    return [launch for phase, names in our_programs(save_mode).items() for name in names
+    return [launch for phase, names in our_programs(save_mode, K).items() for name in names
             for launch in programs[name](phase)]
 
 

@@ -167,6 +167,21 @@ def save_plan(options: OptionsKcp) -> SavePlan:
     )
 
 
+WALK_OUTPUT_MAX_K = 128
+"""The largest key head the walk with the output runs at. On sm_90 it spills
+nothing at K = V = 128 and 128 x 512 (triton 3.9) but 1,704 B per thread at
+K = V = 256 (1,396 at value tiles of 16, 1,860 with one stage), reloaded
+every step: its q, w and k slices of K / 2 columns do not fit beside the
+state there, so at K > 128 the forward keeps the tape walk and the output."""
+
+
+def walks_with_output(options: OptionsKcp, K: int) -> bool:
+    """Whether a forward runs the scores and the walk with the output (no h,
+    no v_new round trip) rather than the tape walk and the output: when it
+    keeps no tape and ``K <= WALK_OUTPUT_MAX_K``."""
+    return not save_plan(options).keeps_tapes and K <= WALK_OUTPUT_MAX_K
+
+
 def overlaps_b2(options: OptionsKcp) -> bool:
     """The backward issues b2 before the tape walk it recomputes and waits
     after it (``schedule="overlap"`` with a recomputed walk)."""

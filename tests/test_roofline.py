@@ -105,9 +105,9 @@ def test_our_launches_counted_by_hand():
     assert walk.step == Work(bf16=65536, bytes=2048 + 256 + 128 + 2048 + 4096 + 512)  # k, k_rstd, g, w, u + v_new, h
     assert launch_of(launches, "tape_walk_kernel", "bwd") == replace(walk, phase="bwd")  # light recomputes it
     assert not any(x.kernel in ("tape_walk_kernel", "output_kernel") for x in launches if x.phase == "fwd")
-    scores = launch_of(launches, "scores_kernel")
-    assert scores.programs == 4 and scores.work == Work(bf16=131072,  # QK^T 2*64*64*16
-                                                        bytes=4096 + 512 + 128 + 8192)  # q k, norms, g, scores
+    scores = launch_of(launches, "scores_kernel")  # one program per chunk and key head: 2 x 1
+    assert scores.programs == 2 and scores.work == Work(bf16=131072,  # QK^T 2*64*64*16 once for both value heads
+                                                        bytes=4096 + 512 + 2 * (128 + 8192))  # q k, norms; g, P
     fused = launch_of(launches, "walk_output_kernel")
     assert (fused.programs, fused.steps) == (2, 2) and fused.work == fused.step * 2
     # W S, K^T Vn and Q S 2*64*16*16 each, P Vn 2*64*64*16; q k and norms, g, w, u, scores, o
@@ -182,17 +182,20 @@ def test_the_same_math_counts_the_same_flops():
     fla_o128 = roofline.fla_launches(roofline.Shape(), {"chunk_fwd_kernel_o": dict(BK=128, BV=128)})
     full = roofline.our_launches(roofline.Shape(), POOLS, "full")
     assert flops(full, "output_kernel", "fwd") == flops(fla_o128, "chunk_fwd_kernel_o", "fwd")  # value tiles of 128
-    # the walk with the output does the tape walk's and the output's products, its scores Q K^T included
-    assert flops(ours, "scores_kernel", "fwd") + flops(ours, "walk_output_kernel", "fwd") == (
+    # the walk with the output does the tape walk's and the output's products, less the Q K^T that the scores
+    # form once per key head for its G = 2 value heads (the output forms it per value head)
+    qk_once = roofline.Shape().NC * roofline.Shape().H * 2 * 64 * 64 * 128
+    assert flops(ours, "scores_kernel", "fwd") + flops(ours, "walk_output_kernel", "fwd") + qk_once == (
         flops(full, "tape_walk_kernel", "fwd") + flops(full, "output_kernel", "fwd"))
     assert flops(ours, "tape_walk_kernel") == flops(fla, "chunk_gated_delta_rule_fwd_kernel_h_blockdim64")
     assert flops(ours, "adjoint_walk_kernel") == flops(fla, "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64")
 
 
-@pytest.mark.parametrize("save_mode", ["light", "inverse", "full"])
-def test_program_sequence_is_the_host_paths(monkeypatch, save_mode):
+@pytest.mark.parametrize("save_mode, K", [("light", 16), ("inverse", 16), ("full", 16), ("light", 256)])
+def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K):
     """roofline.our_programs against the torch programs one forward+backward
-    calls (one rank, one document, the L2 norm) under each save mode; prep
+    calls (one rank, one document, the L2 norm) under each save mode, and at
+    K = 256, where the forward keeps the tape walk and the output; prep
     writes A wherever it runs (its W, U launch reads it back)."""
     from gdn_kcp.kernels import torch as programs
 
@@ -209,7 +212,7 @@ def test_program_sequence_is_the_host_paths(monkeypatch, save_mode):
     for name in programs.__all__:
         monkeypatch.setattr(programs, name, recorded(name, getattr(programs, name)))
     T, gen = 130, torch.Generator().manual_seed(0)
-    q, k = (torch.randn(1, T, 1, 16, generator=gen).requires_grad_() for _ in range(2))
+    q, k = (torch.randn(1, T, 1, K, generator=gen).requires_grad_() for _ in range(2))
     v = torch.randn(1, T, 2, 16, generator=gen).requires_grad_()
     g = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, generator=gen)).requires_grad_()
     beta = torch.rand(1, T, 2, generator=gen).requires_grad_()
@@ -217,7 +220,8 @@ def test_program_sequence_is_the_host_paths(monkeypatch, save_mode):
     o, _ = gdn_kcp(q, k, v, g, beta, build_kcp_context([0, T]), options=options)
     forward = len(calls)
     o.sum().backward()
-    expected = roofline.our_programs(save_mode)
+    expected = roofline.our_programs(save_mode, K)
+    assert ("walk_output" in expected["fwd"]) == (save_mode != "full" and K <= 128)
     assert [name for name, _ in calls[:forward]] == list(expected["fwd"])
     assert [name for name, _ in calls[forward:]] == list(expected["bwd"])
     assert all(a for name, a in calls if name == "prep")

@@ -1,6 +1,7 @@
 """Forward: prep (#1), [summary walk, exchange c1/c2], tape walk (#2), output (#5);
-a forward that keeps no tape (save_mode light or inverse) runs the scores and
-the walk with the output (the tape walk and the output in one walk) instead.
+a forward that keeps no tape (save_mode light or inverse) at K <= 128 runs the
+scores and the walk with the output (the tape walk and the output in one walk)
+instead (:func:`gdn_kcp.options.walks_with_output`).
 
 Every buffer comes from the call's arena (a pool named in the layout) or, when
 the save plan keeps it for the backward, is a saved tensor sized by
@@ -18,7 +19,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.exchange import forward_a2a, forward_ring
 from gdn_kcp.kernels import ChunkIndex
-from gdn_kcp.options import OptionsKcp, save_plan
+from gdn_kcp.options import OptionsKcp, save_plan, walks_with_output
 from gdn_kcp.queries.layout import SavedSpec
 from gdn_kcp.queries.shapes import norm_tapes
 from gdn_kcp.workspace import Arena, Pools, adopted_view
@@ -264,6 +265,7 @@ def host_forward(
     states ``[n_final_states, HV, K, V]`` (compute dtype) when asked; the saved
     tensors are left in ``buffers.saved``."""
     keeps_tapes = save_plan(call.options).keeps_tapes
+    fused = walks_with_output(call.options, call.K)
     arena = buffers.arena
     arena.phase("fwd.phase.prep")
     tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=keeps_tapes)
@@ -281,8 +283,8 @@ def host_forward(
                        final_state_out=final_state)
     arena.phase("fwd.phase.walk")
     walk = dict(initial_state=initial_state, s_in=s_in, final_state_out=final_state, seg=seg)
-    o = None if keeps_tapes else run_walk_output(q, k, g, call, tapes, buffers, **walk)
-    if keeps_tapes:
+    o = run_walk_output(q, k, g, call, tapes, buffers, **walk) if fused else None
+    if not fused:
         run_tape_walk(k, g, call, tapes, buffers, **walk)
     if s_in is not None:
         buffers.drop("s_in")
@@ -290,7 +292,7 @@ def host_forward(
         arena.release("seg_start", "seg_index")
     buffers.drop("w")
     arena.phase("fwd.phase.output")
-    if keeps_tapes:
+    if not fused:
         o = torch.empty_like(v, dtype=q.dtype)
         call.programs.output(
             q, k, g, tapes.h, tapes.v_new, call.index,
@@ -300,6 +302,6 @@ def host_forward(
         buffers.arena.hand_over("v_new")
     else:
         buffers.drop("v_new")
-    buffers.drop("h" if keeps_tapes else "scores", *call.norms)
+    buffers.drop("scores" if fused else "h", *call.norms)
     arena.close()
     return o, final_state

@@ -8,7 +8,7 @@ the same bytes at every phase, call and pool, at tolerance 0.
 
 from __future__ import annotations
 
-from gdn_kcp.options import overlaps_b2, save_plan
+from gdn_kcp.options import overlaps_b2, save_plan, walks_with_output
 
 from .shapes import Dims, norm_tapes, pooled
 
@@ -111,7 +111,7 @@ def forward_events(d: Dims) -> Events:
         _forward_exchange(ev, d, "fwd")
     _compose_starts(ev, d, "fwd")
     # the walk: the tape walk into h when the tapes are kept, else the scores and the walk with the output
-    walked = pooled(o, "h") if save_plan(o).keeps_tapes else ("scores",)
+    walked = ("scores",) if walks_with_output(o, d.K) else pooled(o, "h")
     ev.phase("fwd.phase.walk")
     ev.bind(*walked)
     if d.ctx.exchanges and _s_in_is_pool(d, "fwd") and (d.a2a or d.n_in):

@@ -533,11 +533,26 @@ def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, tok, m_t, H_qk, hk, HV, h
     ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (local dv reads them), ``Q K^T``
     summed over key slices of ``BKS`` (each slice's operands rounded as the
     whole tile's would be)."""
-    b_g = gate_rows(g, gate_params, tok, m_t, HV, h, GATE, ACC)
+    b_qk = chunk_qk(q, k, q_rstd, k_rstd, tok, m_t, H_qk, hk, K, BT, BKS, HAS_NORM, ACC, MM)
+    return decayed_scores(b_qk, g, gate_params, tok, m_t, HV, h, GATE, ACC)
+
+
+@triton.jit
+def chunk_qk(q, k, q_rstd, k_rstd, tok, m_t, H_qk, hk, K, BT: tl.constexpr, BKS: tl.constexpr,
+             HAS_NORM: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr):
+    """``Q K^T`` ``[BT, BT]`` of key head ``hk`` (shared by its value heads),
+    summed over key slices of ``BKS``."""
     b_qk = tl.zeros([BT, BT], dtype=ACC)
     for k0 in range(0, K, BKS):
         b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, k0, BKS, HAS_NORM, ACC)
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, k0, BKS, HAS_NORM, ACC)
         b_qk += dot(b_q, tl.trans(b_k), MM)
+    return b_qk
+
+
+@triton.jit
+def decayed_scores(b_qk, g, gate_params, tok, m_t, HV, h, GATE: tl.constexpr, ACC: tl.constexpr):
+    """``b_qk * exp(G_i - G_j) * [i >= j]`` with value head ``h``'s gates."""
+    b_g = gate_rows(g, gate_params, tok, m_t, HV, h, GATE, ACC)
     segment, keep = causal_segments(b_g, False)
     return tl.where(keep, b_qk * tl.exp(segment), 0.0)

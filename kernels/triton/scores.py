@@ -1,6 +1,7 @@
 """Forward (Triton): the chunk's decayed causal scores for the walk with the
-output; one program per (chunk, value head). Same signature as
-``kernels.torch.scores``."""
+output; one program per (chunk, key head), which forms ``Q K^T`` once and
+stores it decayed by the gates of each of its value heads (GVA). Same
+signature as ``kernels.torch.scores``."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import BT, acc_dtype, chunk_scores, chunk_tokens, head_block, launch, mm_mode, pointer, store_rows_cols
+from ._common import (BT, acc_dtype, chunk_qk, chunk_tokens, decayed_scores, head_block, launch, mm_mode, pointer,
+                      store_rows_cols)
 
 NUM_WARPS = 4
 """Warps per program. On sm_90 (bf16, K = V = 128, triton 3.6) with key slices
-of 16: 162 registers and no spill, three programs per SM; the calibrated
-model prices a launch at T = 32K, HV = 32 at 182 us (capped at 128 registers,
-four per SM, it spills 24 B per thread: 193 us; slices of 32 spill 72 B at 168)."""
+of 16: 168 registers and no spill, three programs per SM; the calibrated
+model prices a launch at T = 32K, H_qk = 16, HV = 32 at 105 us (with a
+program per value head, each forming its own ``Q K^T``: 182 us, and 193
+capped at 128 registers, where it spilled 24 B per thread)."""
 BKS_SCORES = 16
 """Key columns per slice of Q and K (as local dv, which forms the same scores)."""
 
@@ -27,14 +30,16 @@ def scores_kernel(
     BT: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
     ACC: tl.constexpr, MM: tl.constexpr,
 ):
-    """One chunk of one value head; grid (NC, HV)."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    i_hk = i_h // (HV // H_qk)
+    """One chunk of one key head and its value heads; grid (NC, H_qk)."""
+    i_c, i_hk = tl.program_id(0), tl.program_id(1)
+    G = HV // H_qk
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     tok, o_t, m_t = chunk_tokens(start, length, BT)
-    p = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, tok, m_t, H_qk, i_hk, HV, i_h, K, BT, BKS, HAS_NORM,
-                     GATE, ACC, MM)
-    store_rows_cols(scores, p, tok, m_t, HV, i_h, BT, 0, BT)
+    b_qk = chunk_qk(q, k, q_rstd, k_rstd, tok, m_t, H_qk, i_hk, K, BT, BKS, HAS_NORM, ACC, MM)
+    for i_g in range(0, G):
+        i_h = i_hk * G + i_g
+        p = decayed_scores(b_qk, g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
+        store_rows_cols(scores, p, tok, m_t, HV, i_h, BT, 0, BT)
 
 
 def scores(
@@ -53,7 +58,7 @@ def scores(
     HV = scores_out.shape[1]
     if index.n_chunks == 0:
         return
-    launch(scores_kernel)[(index.n_chunks, HV)](
+    launch(scores_kernel)[(index.n_chunks, H_qk)](
         q, k, g, pointer(gate_params, g), pointer(q_rstd, g), pointer(k_rstd, g), scores_out, index.chunk_table,
         index.n_chunks, H_qk, HV, K,
         BT=BT, BKS=min(BKS_SCORES, head_block(K)), HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
