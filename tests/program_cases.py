@@ -106,7 +106,7 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     lam = randn(1, HV, K, V) if crossing else None
     out.update(dh=new(index.n_chunks, HV, K, V, pool="dh"), dv_new=out["dv_local"].clone(), d_initial=new(N, HV, K, V))
     programs.adjoint_walk(q, k, out["w"], g, do, out["dv_new"], index, scale=scale,
-                          d_final_state=d_final, lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"],
+                          d_final_state=d_final, lam_end=lam, dh_out=out["dh"], dv_out=out["dv_new"],
                           d_initial_state_out=out["d_initial"], **norms)
     out.update(dq_heads=new(T, HV, K, pool="dq_heads"), dk_heads=new(T, HV, K, pool="dk_heads"),
                dw=new(T, HV, K, pool="dw"), dgcum=new(T, HV))
@@ -187,7 +187,7 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
         programs.adjoint_summary(q, k, w, g, do, dv_local, index, scale=scale, d_final_state=d_final,
                                  nu_out=out["nu_fold"], **norms)
         programs.adjoint_walk(q, k, w, g, do, out["dv_new"], index, scale=scale, d_final_state=d_final,
-                              lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"],
+                              lam_end=lam, dh_out=out["dh"], dv_out=out["dv_new"],
                               d_initial_state_out=out["d_initial"], **norms)
         return split_fold(out, V)
     out.update(summary_m=new(n_sum, HV, K, V + K), summary=new(n_sum, HV, K, V + K), start=new(n_sum, HV, K, V),
@@ -214,7 +214,7 @@ def run_segment_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     programs.compose_adjoints(out["nu"], out["summary"], index, rows, P, d_final_state=d_final, lam=lam,
                               end_out=out["end"], nu_out=None)
     programs.adjoint_walk(q, k, w, g, do, out["dv_new"], tables.adjoint, scale=scale, d_final_state=d_final,
-                          lam_out=lam, dh_out=out["dh"], dv_out=out["dv_new"], d_initial_state_out=out["d_initial"],
+                          lam_end=lam, dh_out=out["dh"], dv_out=out["dv_new"], d_initial_state_out=out["d_initial"],
                           carry_in=out["end"], **norms)
     return split_fold(out, V)
 

@@ -157,7 +157,7 @@ def host_backward(
     call.programs.adjoint_walk(
         q, k, tapes.w, g, do, dv_new, seg.tables.adjoint if seg else call.index,
         scale=call.scale, d_final_state=d_final_state,
-        lam_out=lam[:, :HV] if lam is not None and ctx.n_out else None,
+        lam_end=lam[:, :HV] if lam is not None and ctx.n_out else None,
         dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, carry_in=seg.end if seg else None,
         **qk_norms, **call.gate,
     )

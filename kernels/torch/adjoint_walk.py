@@ -19,15 +19,15 @@ from .tape_walk import carried, gather_states, write_end_states
 
 
 def end_adjoints(
-    index: ChunkIndex, like: torch.Tensor, d_final_state: torch.Tensor | None, lam_out: torch.Tensor | None,
+    index: ChunkIndex, like: torch.Tensor, d_final_state: torch.Tensor | None, lam_end: torch.Tensor | None,
     carry_in: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[F, HV, K, V]``: the fragment's final-state gradient (or zero), and
-    ``lam_out[0]`` for the crossing-out fragment (always the last fragment)."""
+    ``lam_end[0]`` for the crossing-out fragment (always the last fragment)."""
     dS = gather_states(index, d_final_state, CROSSING_OUT, like.new_zeros((index.n_frag,) + like.shape[1:]))
-    if lam_out is not None:
+    if lam_end is not None:
         crossing_out = ((index.frag_flags & CROSSING_OUT) != 0)[:, None, None, None]
-        dS = torch.where(crossing_out, lam_out[:1].to(dS.dtype), dS)
+        dS = torch.where(crossing_out, lam_end[:1].to(dS.dtype), dS)
     return carried(index, dS, carry_in)
 
 
@@ -45,7 +45,7 @@ def adjoint_walk(
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
     d_final_state: torch.Tensor | None,
-    lam_out: torch.Tensor | None,
+    lam_end: torch.Tensor | None,
     dh_out: torch.Tensor,
     dv_out: torch.Tensor,
     d_initial_state_out: torch.Tensor | None,
@@ -55,7 +55,7 @@ def adjoint_walk(
 
     q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; g ``[T, HV]``; do, dv_local
     ``[T, HV, V]``; d_final_state ``[N_end, HV, K, V]`` (as the tape walk's final
-    states) or None; lam_out ``[1, HV, K, V]``, the end adjoint of the crossing-out fragment,
+    states) or None; lam_end ``[1, HV, K, V]``, the end adjoint of the crossing-out fragment,
     or None. Writes dh_out ``[NC, HV, K, V]``, dv_out ``[T, HV, V]`` (the whole
     dVn) and ``d_initial_state_out`` ``[N_start, HV, K, V]`` (rows as the initial
     states). With segments, carry_in ``[n_sum, HV, K, V]`` holds the end
@@ -68,7 +68,7 @@ def adjoint_walk(
     pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
     dvl = to_chunks(dv_local, rows, cdt)
     dv_new = torch.empty_like(dvl)
-    dS = end_adjoints(index, dvl.new_empty((1, HV, K, V)), d_final_state, lam_out, carry_in)
+    dS = end_adjoints(index, dvl.new_empty((1, HV, K, V)), d_final_state, lam_end, carry_in)
     last_chunk = max(index.n_chunks - 1, 0)
     for j in reversed(range(index.max_frag_chunks)):
         active = index.frag_n_chunks > j

@@ -108,7 +108,7 @@ def adjoint_walk(
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
     d_final_state: torch.Tensor | None,
-    lam_out: torch.Tensor | None,
+    lam_end: torch.Tensor | None,
     dh_out: torch.Tensor,
     dv_out: torch.Tensor,
     d_initial_state_out: torch.Tensor | None,
@@ -126,11 +126,11 @@ def adjoint_walk(
     launch(adjoint_walk_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table,
-        pointer(d_final_state, spare), pointer(lam_out, spare), carry_in if has_carry else spare,
+        pointer(d_final_state, spare), pointer(lam_end, spare), carry_in if has_carry else spare,
         dh_out, dv_out, pointer(d_initial_state_out, spare), scale,
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
-        HAS_LAM=lam_out is not None, HAS_INITIAL=d_initial_state_out is not None, HAS_CARRY=has_carry,
+        HAS_LAM=lam_end is not None, HAS_INITIAL=d_initial_state_out is not None, HAS_CARRY=has_carry,
         GATE=gate_params is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
