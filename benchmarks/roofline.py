@@ -341,7 +341,10 @@ state walk and its output, and both backwards walk the states again (our tape
 walk, FLA's state walk), so those five count as one pair (the output kernel's
 pair then holds under ``save_mode="full"`` only). The profiler names FLA's
 forward and reverse gate cumsums alike, so the cumsum pair holds both against
-our one backward launch (a few microseconds either way)."""
+our one backward launch (a few microseconds either way). The pairs are for a
+forward that walks with the output (``gpu_check`` runs the defaults): under
+``save_mode="full"`` the walk group holds our forward's tape walk alone, and
+FLA's output kernel counts in two pairs."""
 
 # ---------------------------------------------------------------- FLA (fla-core 0.5.1)
 

@@ -15,8 +15,8 @@ committed compile facts). ``benchmarks/roofline.py`` times the same
 launches (:func:`walk_launches`).
 
 - ``P = 1``: the walk with the output (the forward's walk under the default
-  save modes; ``save_mode="full"`` walks the lighter tape walk, priced the
-  same), ``n`` steps (n = ``plan_chunks``) of ``F HV Vt`` programs
+  save modes at K <= 128; ``save_mode="full"`` and K > 128 walk the tape
+  walk, priced as this one), ``n`` steps (n = ``plan_chunks``) of ``F HV Vt`` programs
   (F = ``plan_frags``, ``Vt = ceil(V / 32)``), each step reading q, k, w,
   u and the scores and writing o (bf16; ``walk_step_bytes``);
 - ``P > 1``: phase 1 folds the P segments of each fragment, ``ceil(n / P)``
@@ -53,12 +53,12 @@ COMPOSE_VALUE_TILE = 16
 """Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
 its exact fp32 products stay in registers at 16 columns)."""
 
-WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 45_588, "spill_stores": 12,
-              "spill_loads": 12}
+WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 41_492, "spill_stores": 4,
+              "spill_loads": 4}
 """Compile facts of the walk with the output, the forward's walk in the
 default save modes (sm_90, bf16, K = V = 128, triton 3.6: the committed
 ``benchmarks/h200_facts.json``, which a test ties to these): 255 registers x
-8 warps, one program per SM, 12 B per thread spilled (reloaded every step)."""
+8 warps, one program per SM, 4 B per thread spilled (reloaded every step)."""
 
 SEGMENT_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 20_736, "spill_stores": 0,
                  "spill_loads": 0}

@@ -96,8 +96,9 @@ def test_inductor_plans_every_kcp_rank_within_the_queries(report):
     ``schedule="overlap"``, save_transfer with two segments): the graphs
     call the exchange ops and no opaque gdn_kcp::fwd / bwd; the backward's
     plan peaks at most at its workspace (the gradients go into freed pools),
-    the forward's at most at its workspace, the saved tensors and o (Inductor
-    may allocate o before the tape walk, when w's pool is still held)."""
+    the forward's at most at its workspace, the saved tensors and o (o is
+    U's pool; two segmented ranks still peak up to 16 KB above the first
+    two)."""
     rows = report["kcp_plans"]
     assert len(rows) == 11, [(r["case"], r["rank"]) for r in rows]
     for row in rows:

@@ -178,7 +178,7 @@ def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, in
     :class:`gdn_kcp.exchange.a2a.InFlight`)."""
     tapes.h = buffers.take("h")
     call.programs.tape_walk(
-        k, tapes.w, tapes.v_new, g, index or walk_index(call, seg),
+        k, tapes.w, tapes.v_new, g, walk_index(call, seg) if index is None else index,
         k_rstd=tapes.k_rstd, initial_state=initial_state, s_in=walk_start(call, s_in),
         h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
         carry_in=seg.start if seg else None, **call.gate,

@@ -5,7 +5,7 @@ s_pad = R s_owner, n_in / n_out / mid (crossing flags), n_mid (middle ranks of
 the group); a2a payload sizes from :mod:`gdn_kcp.queries.comm`. Each pool and
 saved tensor has the dtype :func:`gdn_kcp.dtypes.buffer_dtype` gives it: the
 input dtype for the buffers of ``gdn_kcp.dtypes.INPUT_DTYPE_BUFFERS`` (the tapes
-A, w, v_new, h; the backward's dh, dv_new, dq_heads, dk_heads, dw), the compute
+A, w, v_new, h; the forward's scores; the backward's dh, dv_new, dq_heads, dk_heads, dw), the compute
 dtype (fp32; fp64 for fp64 inputs) for everything else.
 """
 
@@ -136,7 +136,7 @@ def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
         "q_rstd": (T, H_qk),
         "k_rstd": (T, H_qk),
         "h": (NC, HV, K, V),
-        # a forward that keeps no tape: the chunks' scores for the walk with the output, in place of h
+        # a forward that keeps no tape at K <= 128: the chunks' scores for the walk with the output, in place of h
         "scores": (T, HV, CHUNK_SIZE),
         # backward scratch; dv_new holds the local dv until the adjoint walk
         "dv_new": (T, HV, V),

@@ -1,9 +1,11 @@
 """Device-agnostic torch programs: the CPU path and the reference speed.
 
 Forward: :func:`prep` (#1), :func:`summary_walk`, :func:`tape_walk` (#2),
-:func:`output` (#5); in a forward that keeps no tape, :func:`scores` and
-:func:`walk_output` (the tape walk and the output in one walk) instead of the
-last two. Backward: :func:`w_u` (prep's second half, from the A that ``save_mode="inverse"`` saves), :func:`bwd_local_dv`, :func:`adjoint_summary`,
+:func:`output` (#5); in a forward that keeps no tape at K <= 128
+(``gdn_kcp.options.walks_with_output``), :func:`scores` and :func:`walk_output`
+(the tape walk and the output in one walk) instead of the last two.
+Backward: :func:`w_u` (prep's second half, from the A that
+``save_mode="inverse"`` saves), :func:`bwd_local_dv`, :func:`adjoint_summary`,
 :func:`adjoint_walk`, :func:`bwd_dqkwg`, :func:`bwd_wy`,
 :func:`bwd_gate_cumsum`, :func:`bwd_qk_norm`. Segments (P > 1):
 :func:`segment_summary`, :func:`compose_segments` (forward phases 1 and 2),

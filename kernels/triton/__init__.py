@@ -11,7 +11,7 @@ Segments (P > 1, :mod:`gdn_kcp.kernels.segments`): :func:`segment_summary`,
 :func:`compose_adjoints` (backward); phase 3 is :func:`walk_output` (or
 :func:`tape_walk`) / :func:`adjoint_walk` on the segmented index with ``carry_in``.
 Forward: :func:`prep`, then :func:`scores` and :func:`walk_output` when the
-forward keeps no tape, else :func:`tape_walk` and :func:`output`. The compositions
+forward keeps no tape at K <= 128, else :func:`tape_walk` and :func:`output`. The compositions
 multiply exactly in the compute dtype (fp32 FMA, no tensor cores): states and M
 are never rounded.
 """

@@ -510,13 +510,30 @@ def state_chunk(k, k_rstd, w, u, v_new, X1, X2, tok, m_t, k_scale, gamma_last, H
     128, value tiles of 32, 8 warps, triton 3.6): as one ``[K, BV]`` state
     beside whole ``[BT, K]`` W and K tiles it spilled 92 B per thread, reloaded
     every step. Returns ``(X1, X2)``."""
+    b_vn = chunk_values(w, u, X1, X2, tok, m_t, HV, h, K, V, col, BH, BV, HAS_U, MM, ACC)
+    if STORE:
+        store_rows_cols(v_new, b_vn, tok, m_t, HV, h, V, col, BV)
+    return advance_state(k, k_rstd, X1, X2, b_vn, tok, m_t, k_scale, gamma_last, H_qk, hk, K, BH, HAS_NORM, MM, ACC)
+
+
+@triton.jit
+def chunk_values(w, u, X1, X2, tok, m_t, HV, h, K, V, col, BH: tl.constexpr, BV: tl.constexpr,
+                 HAS_U: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """:func:`state_chunk`'s ``V_new = U - W X`` (``U = 0`` without ``HAS_U``),
+    each half of X against the matching columns of W."""
     b_w1 = load_operand_cols(w, tok, m_t, HV, h, K, 0, BH, MM, ACC)
     b_w2 = load_operand_cols(w, tok, m_t, HV, h, K, BH, BH, MM, ACC)
     b_vn = -(dot(b_w1, X1, MM) + dot(b_w2, X2, MM))
     if HAS_U:
         b_vn += load_rows_cols(u, tok, m_t, HV, h, V, col, BV, ACC)
-    if STORE:
-        store_rows_cols(v_new, b_vn, tok, m_t, HV, h, V, col, BV)
+    return b_vn
+
+
+@triton.jit
+def advance_state(k, k_rstd, X1, X2, b_vn, tok, m_t, k_scale, gamma_last, H_qk, hk, K, BH: tl.constexpr,
+                  HAS_NORM: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """:func:`state_chunk`'s update ``gamma_C X + K^T diag(k_scale) V_new``,
+    each half of X against the matching columns of K. Returns ``(X1, X2)``."""
     b_vs = operand(k_scale[:, None] * b_vn, MM)
     b_k1 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC), MM)
     X1 = gamma_last * X1 + dot(tl.trans(b_k1), b_vs, MM)

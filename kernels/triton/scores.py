@@ -32,14 +32,14 @@ def scores_kernel(
 ):
     """One chunk of one key head and its value heads; grid (NC, H_qk)."""
     i_c, i_hk = tl.program_id(0), tl.program_id(1)
-    G = HV // H_qk
+    group = HV // H_qk  # the value heads of a key head
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_qk = chunk_qk(q, k, q_rstd, k_rstd, tok, m_t, H_qk, i_hk, K, BT, BKS, HAS_NORM, ACC, MM)
-    for i_g in range(0, G):
-        i_h = i_hk * G + i_g
-        p = decayed_scores(b_qk, g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
-        store_rows_cols(scores, p, tok, m_t, HV, i_h, BT, 0, BT)
+    for i_g in range(0, group):
+        i_h = i_hk * group + i_g
+        b_p = decayed_scores(b_qk, g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
+        store_rows_cols(scores, b_p, tok, m_t, HV, i_h, BT, 0, BT)
 
 
 def scores(

@@ -3,14 +3,16 @@ no tape; one program per (fragment, value head, value tile), as the tape walk.
 Same signature as ``kernels.torch.walk_output``.
 
 Per chunk, from the state halves ``S = [S1; S2]`` at its start: ``diag(gamma)
-Q S`` against the two matching column slices of Q, ``V_new = U - W S``, then
-``O = scale (diag(gamma) Q S + P V_new)`` with the scores ``P`` that
-``kernels.triton.scores`` stored, then the state update of
-``_common.state_chunk``. Neither the states at the chunk starts nor v_new
-leaves the registers: at T = 32K, HV = 32, K = V = 128 (bf16) that is 537 MB of
-h and 268 MB of v_new neither written nor read back, for 1.07 GB of q and
-134 MB of scores read (the calibrated model: 1,009 us against 1,328 for the
-tape walk and the output)."""
+Q S`` against the two matching column slices of Q, ``V_new = U - W S``
+(``_common.chunk_values``), then ``O = scale (diag(gamma) Q S + P V_new)``
+with the scores ``P`` that ``kernels.triton.scores`` stored, then the state
+update (``_common.advance_state``; the two make ``_common.state_chunk``).
+Neither the states at the chunk starts nor v_new leaves the registers: at
+T = 32K, HV = 32, K = V = 128 (bf16) 537 MB of h and 268 MB of v_new are
+neither written nor read back, for 1.07 GB of q and 537 MB of scores read
+(each value-tile program reads its chunk's): 4.34 GB moved against 4.87 for
+the tape walk and the output. The calibrated model prices it at 1,009 us
+against 1,328, its steps bound by their latency and products."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, dot, frag_info, head_block, launch,
-                      load_operand_cols, load_qk_cols, load_rows_cols, load_tile, lower_dot, mm_mode, operand,
-                      pointer, start_halves, store_rows_cols, store_state_halves, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, advance_state, chunk_tokens, chunk_values, dot, frag_info,
+                      head_block, launch, load_qk_cols, load_tile, lower_dot, mm_mode, operand, pointer,
+                      start_halves, store_rows_cols, store_state_halves, walk_block, walk_operands)
 
 NUM_WARPS = 8
 """Warps per program, as the tape walk (``_common.walk_block``)."""
@@ -53,17 +55,12 @@ def walk_output_kernel(
         b_q1 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, 0, BH, HAS_NORM, ACC), MM)
         b_q2 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, BH, BH, HAS_NORM, ACC), MM)
         b_o = dot(b_q1, S1, MM) + dot(b_q2, S2, MM)
-        b_w1 = load_operand_cols(w, tok, m_t, HV, i_h, K, 0, BH, MM, ACC)
-        b_w2 = load_operand_cols(w, tok, m_t, HV, i_h, K, BH, BH, MM, ACC)
-        b_vn = load_rows_cols(u, tok, m_t, HV, i_h, V, col, BV, ACC) - (dot(b_w1, S1, MM) + dot(b_w2, S2, MM))
+        b_vn = chunk_values(w, u, S1, S2, tok, m_t, HV, i_h, K, V, col, BH, BV, True, MM, ACC)
         b_p = operand(load_tile(scores, tok, m_t, HV, i_h, BT, 0, BT).to(ACC), MM)
         b_o += lower_dot(b_p, b_vn, MM)
         store_rows_cols(o, scale * b_o, tok, m_t, HV, i_h, V, col, BV)
-        b_vs = operand(k_scale[:, None] * b_vn, MM)
-        b_k1 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, 0, BH, HAS_NORM, ACC), MM)
-        S1 = gamma_last * S1 + dot(tl.trans(b_k1), b_vs, MM)
-        b_k2 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, BH, BH, HAS_NORM, ACC), MM)
-        S2 = gamma_last * S2 + dot(tl.trans(b_k2), b_vs, MM)
+        S1, S2 = advance_state(k, k_rstd, S1, S2, b_vn, tok, m_t, k_scale, gamma_last, H_qk, i_hk, K, BH, HAS_NORM,
+                               MM, ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
             store_state_halves(final_state, S1, S2, i_f, HV, i_h, K, V, col, BH, BV)
