@@ -468,25 +468,27 @@ def load_state_halves(ptr, row, H, h, K, V, col0, BH: tl.constexpr, BV: tl.const
 
 
 @triton.jit
-def start_halves(initial_state, s_in, carry_in, frag_table, n_frag, f, initial_row, flags, H, h, K, V, col,
-                 BH: tl.constexpr, BV: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr,
-                 HAS_CARRY: tl.constexpr, ACC: tl.constexpr):
-    """A forward walk's start state of fragment ``f`` as its two halves
-    (:func:`load_state_halves`): zero; its initial state (row
-    ``initial_row``) when it does not cross in; ``s_in`` when it does; with
+def boundary_halves(own, own_row, crossing, carry_in, frag_table, n_frag, f, flags, H, h, K, V, col,
+                    BH: tl.constexpr, BV: tl.constexpr, CROSS: tl.constexpr, HAS_OWN: tl.constexpr,
+                    HAS_CROSSING: tl.constexpr, HAS_CARRY: tl.constexpr, ACC: tl.constexpr):
+    """A walk's boundary state of fragment ``f`` (a forward walk's start, an
+    adjoint walk's end) as its two halves (:func:`load_state_halves`): zero;
+    row ``own_row`` of ``own`` (the initial states; the final states'
+    adjoints) when the fragment does not cross that way (bit ``CROSS`` of its
+    flags: 1 in, 2 out); ``crossing[0]`` (s_in; lambda_end) when it does; with
     ``HAS_CARRY``, a ``SEGMENT`` row's carry-plane row (``frag_table`` row 6)."""
-    S1 = tl.zeros([BH, BV], dtype=ACC)
-    S2 = tl.zeros([BH, BV], dtype=ACC)
-    if HAS_INITIAL:
-        if (flags & 1) == 0:
-            S1, S2 = load_state_halves(initial_state, initial_row, H, h, K, V, col, BH, BV, ACC)
-    if HAS_S_IN:
-        if (flags & 1) != 0:
-            S1, S2 = load_state_halves(s_in, 0, H, h, K, V, col, BH, BV, ACC)
+    X1 = tl.zeros([BH, BV], dtype=ACC)
+    X2 = tl.zeros([BH, BV], dtype=ACC)
+    if HAS_OWN:
+        if (flags & CROSS) == 0:
+            X1, X2 = load_state_halves(own, own_row, H, h, K, V, col, BH, BV, ACC)
+    if HAS_CROSSING:
+        if (flags & CROSS) != 0:
+            X1, X2 = load_state_halves(crossing, 0, H, h, K, V, col, BH, BV, ACC)
     if HAS_CARRY:
         if (flags & 8) != 0:  # SEGMENT
-            S1, S2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, f), H, h, K, V, col, BH, BV, ACC)
-    return S1, S2
+            X1, X2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, f), H, h, K, V, col, BH, BV, ACC)
+    return X1, X2
 
 
 @triton.jit

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, carry_row, chunk_tokens, dot, head_block, launch, load_operand_cols,
-                      load_qk_cols, load_rows_cols, load_state_halves, mm_mode, operand, pointer, store_rows_cols,
+from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, dot, head_block, launch,
+                      load_operand_cols, load_qk_cols, load_rows_cols, mm_mode, operand, pointer, store_rows_cols,
                       store_state_halves, walk_block, walk_operands)
 
 
@@ -69,17 +69,9 @@ def adjoint_walk_kernel(
     initial_row = i_f - (tl.load(frag_table + 5 * n_frag) & 1)  # fragment 0 alone can cross in
     flags = tl.load(frag_table + 5 * n_frag + i_f)
     BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
-    dS1 = tl.zeros([BH, BV], dtype=ACC)
-    dS2 = tl.zeros([BH, BV], dtype=ACC)
-    if HAS_FINAL:
-        if (flags & 2) == 0:
-            dS1, dS2 = load_state_halves(d_final, i_f, HV, i_h, K, V, col, BH, BV, ACC)
-    if HAS_LAM:
-        if (flags & 2) != 0:
-            dS1, dS2 = load_state_halves(lam, 0, HV, i_h, K, V, col, BH, BV, ACC)
-    if HAS_CARRY:
-        if (flags & 8) != 0:  # SEGMENT: a segment row ends at its carry-plane row (frag_table row 6)
-            dS1, dS2 = load_state_halves(carry_in, carry_row(frag_table, n_frag, i_f), HV, i_h, K, V, col, BH, BV, ACC)
+    # a SEGMENT row ends at its carry-plane row
+    dS1, dS2 = boundary_halves(d_final, i_f, lam, carry_in, frag_table, n_frag, i_f, flags, HV, i_h, K, V, col, BH, BV,
+                               2, HAS_FINAL, HAS_LAM, HAS_CARRY, ACC)
     for jj in range(0, count):
         c = first + count - 1 - jj
         store_state_halves(dh, dS1, dS2, c, HV, i_h, K, V, col, BH, BV)

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, launch, mm_mode, pointer,
-                      start_halves, state_chunk, store_state_halves, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, frag_info, head_block, launch,
+                      mm_mode, pointer, state_chunk, store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -34,8 +34,8 @@ def tape_walk_kernel(
     _first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
     first = tl.load(frag_table + 2 * n_frag + i_f)  # h_out's rows: read here (_common.chunk_tokens' note)
     BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
-    S1, S2 = start_halves(initial_state, s_in, carry_in, frag_table, n_frag, i_f, initial_row, flags, HV, i_h, K, V,
-                          col, BH, BV, HAS_INITIAL, HAS_S_IN, HAS_CARRY, ACC)
+    S1, S2 = boundary_halves(initial_state, initial_row, s_in, carry_in, frag_table, n_frag, i_f, flags, HV, i_h, K, V,
+                             col, BH, BV, 1, HAS_INITIAL, HAS_S_IN, HAS_CARRY, ACC)
     for j in range(0, count):
         c = first + j
         store_state_halves(h_out, S1, S2, c, HV, i_h, K, V, col, BH, BV)

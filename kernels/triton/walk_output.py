@@ -21,9 +21,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, advance_state, chunk_tokens, chunk_values, dot, frag_info,
-                      head_block, launch, load_qk_cols, load_tile, lower_dot, mm_mode, operand, pointer,
-                      start_halves, store_rows_cols, store_state_halves, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, advance_state, boundary_halves, chunk_tokens, chunk_values, dot,
+                      frag_info, head_block, launch, load_qk_cols, load_tile, lower_dot, mm_mode, operand, pointer,
+                      store_rows_cols, store_state_halves, walk_block, walk_operands)
 
 NUM_WARPS = 8
 """Warps per program, as the tape walk (``_common.walk_block``)."""
@@ -44,8 +44,8 @@ def walk_output_kernel(
     col = i_v * BV
     first, count, initial_row, flags = frag_info(frag_table, n_frag, i_f)
     BH: tl.constexpr = BK // 2 if BK > 16 else BK  # the state's halves (_common.state_chunk)
-    S1, S2 = start_halves(initial_state, s_in, carry_in, frag_table, n_frag, i_f, initial_row, flags, HV, i_h, K, V,
-                          col, BH, BV, HAS_INITIAL, HAS_S_IN, HAS_CARRY, ACC)
+    S1, S2 = boundary_halves(initial_state, initial_row, s_in, carry_in, frag_table, n_frag, i_f, flags, HV, i_h, K, V,
+                             col, BH, BV, 1, HAS_INITIAL, HAS_S_IN, HAS_CARRY, ACC)
     for j in range(0, count):
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
