@@ -283,8 +283,9 @@ def host_forward(
                        final_state_out=final_state)
     arena.phase("fwd.phase.walk")
     walk = dict(initial_state=initial_state, s_in=s_in, final_state_out=final_state, seg=seg)
-    o = run_walk_output(q, k, g, call, tapes, buffers, **walk) if fused else None
-    if not fused:
+    if fused:
+        o = run_walk_output(q, k, g, call, tapes, buffers, **walk)
+    else:
         run_tape_walk(k, g, call, tapes, buffers, **walk)
     if s_in is not None:
         buffers.drop("s_in")
