@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import torch
 from gdn_inputs import make_inputs
+from spawn import gloo_releases_tensors
 
 import gdn_kcp
 from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp as run_gdn_kcp, gdn_workspace_layout_kcp
@@ -64,7 +65,7 @@ def pool_peaks_and_queries(options: OptionsKcp, dtype: torch.dtype = torch.float
     same order on the same bytes)."""
     ctx = build_kcp_context(list(bounds))
     opaque = step(ctx, options, dtype)
-    with live_pool_peaks() as peaks, gdn_kcp.trace_host_path():
+    with live_pool_peaks() as peaks, gdn_kcp.trace_host_path(), gloo_releases_tensors():
         traced = step(ctx, options, dtype)
     for i, (a, b) in enumerate(zip(traced, opaque, strict=True)):
         assert torch.equal(a, b), (ctx.rank, options, i, float((a.double() - b.double()).abs().max()))
