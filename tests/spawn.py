@@ -48,7 +48,6 @@ def spawn_ranks(R: int, fn, *args) -> None:
                            start_method="forkserver")
 
 
-
 def _held_counts(tensors) -> list[tuple[torch.Tensor, int]]:
     """Each tensor with the references to it now (its own, and its views')."""
     return [(t, t._use_count()) for t in tensors]
