@@ -81,6 +81,7 @@ import torch
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import head_block, walk_block
+from gdn_kcp.kernels.triton.bwd_local_dv import SHARE as LOCAL_DV_SHARE
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
@@ -126,11 +127,14 @@ def estimate(launches: list[Launch], facts: Mapping[str, Mapping], m: Machine = 
 
 def kernel_flops(launches: list[Launch]) -> dict[str, float]:
     """FLOPs of every kernel over the launches (one forward+backward): what
-    ``gpu_check`` divides a kernel's measured time by for its achieved rate."""
+    ``gpu_check`` divides a kernel's measured time by for its achieved rate,
+    by the name the profiler gives it (a variant's, ``name[variant]``, is its
+    kernel's)."""
     out: dict[str, float] = {}
     for launch in launches:
         if launch.kernel:
-            out[launch.kernel] = out.get(launch.kernel, 0.0) + launch.programs * launch.work.flops
+            name = launch.kernel.split("[")[0]
+            out[name] = out.get(name, 0.0) + launch.programs * launch.work.flops
     return out
 
 
@@ -242,9 +246,12 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
                     bytes=qk + C * n + C * K * e["w"] + C * BW * e["v_new"] + C * C * e["scores"] + C * BW * n)
         return [walk(phase, "walk_output_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
 
-    def bwd_local_dv(phase: str) -> list[Launch]:  # one program per chunk and head walks the value tiles
-        work = Work(bf16=2 * C * C * K + 2 * C * C * V, bytes=qk + C * n + C * V * n + C * V * e["dv_new"])
-        return [Launch(phase, "bwd_local_dv_kernel", NC * HV, work)]
+    def bwd_local_dv(phase: str) -> list[Launch]:  # a program per chunk and head, or pair of a key head's heads
+        pair = LOCAL_DV_SHARE if G % LOCAL_DV_SHARE == 0 else 1
+        work = Work(bf16=2 * C * C * K + pair * 2 * C * C * V,
+                    bytes=qk + pair * (C * n + C * V * n + C * V * e["dv_new"]))
+        return [Launch(phase, "bwd_local_dv_kernel" if pair > 1 else "bwd_local_dv_kernel[one head]", NC * HV // pair,
+                       work)]
 
     def adjoint_walk(phase: str) -> list[Launch]:
         step = Work(bf16=3 * (2 * C * K * BW), bytes=qk + C * n + C * K * e["w"] + C * BW * n

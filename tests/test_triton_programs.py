@@ -13,6 +13,7 @@ from gdn_inputs import make_inputs, rel_rms
 from program_cases import compare_segments_with_torch, compare_with_torch, run_segment_programs
 
 from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
+from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.host.programs import use_programs
 
 triton = pytest.importorskip("triton")
@@ -61,6 +62,35 @@ def test_triton_programs_match_torch_twins(name):
     assert len(errors) >= 20  # 22 without crossing (no summaries), 24 with the norm tapes
     bad = {k: v for k, v in errors.items() if not v < TOLERANCE[case["dtype"]]}
     assert not bad, bad
+
+@pytest.mark.parametrize("H_qk, HV", [(1, 1), (2, 6), (1, 4), (2, 8)])
+def test_local_dv_serves_each_value_head_of_its_key_head(H_qk, HV):
+    """The local dv forms ``Q K^T`` once for a pair of value heads of one key
+    head: groups of 1 and 3 (one head a program), 4 (two pairs per key head)
+    and 4 under two key heads give each value head its own dv, bit for bit
+    the program run one value head at a time (a group of 1)."""
+    from gdn_kcp.kernels import torch as torch_programs
+    from gdn_kcp.kernels import triton as triton_programs
+
+    T, K, V = 150, 32, 40
+    index = ChunkIndex.from_fragments([0, 70, 70, 150], device="cpu")
+    q, k, _, g, _ = [x[0] for x in make_inputs(T, H_qk, HV, K, V, dtype=torch.float32, seed=3)]
+    do = torch.randn(T, HV, V, generator=torch.Generator().manual_seed(4))
+    outs = {}
+    for name, programs in (("torch", torch_programs), ("triton", triton_programs)):
+        outs[name] = torch.empty(T, HV, V)
+        programs.bwd_local_dv(q, k, g, do, index, scale=0.5, q_rstd=None, k_rstd=None, dv_out=outs[name])
+    assert rel_rms(outs["triton"], outs["torch"]) < TOLERANCE[torch.float32]
+    group = HV // H_qk
+    for h in range(HV):  # head h alone, through its key head
+        alone = torch.empty(T, 1, V)
+        hk = h // group
+        triton_programs.bwd_local_dv(q[:, hk:hk + 1].contiguous(), k[:, hk:hk + 1].contiguous(),
+                                     g[:, h:h + 1].contiguous(),
+                                     do[:, h:h + 1].contiguous(), index, scale=0.5, q_rstd=None, k_rstd=None,
+                                     dv_out=alone)
+        assert torch.equal(alone[:, 0], outs["triton"][:, h]), h
+
 
 @pytest.mark.parametrize("segments", [1, 3])
 def test_forward_and_backward_through_the_ops_with_triton_programs(segments):

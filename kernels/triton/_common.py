@@ -545,18 +545,6 @@ def advance_state(k, k_rstd, X1, X2, b_vn, tok, m_t, k_scale, gamma_last, H_qk, 
 
 
 @triton.jit
-def chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, tok, m_t, H_qk, hk, HV, h, K,
-                 BT: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
-                 ACC: tl.constexpr, MM: tl.constexpr):
-    """A chunk (rows ``tok``, valid ``m_t``) of head ``h``: the decayed causal scores
-    ``P = (Q K^T) * exp(G_i - G_j) * [i >= j]`` (local dv reads them), ``Q K^T``
-    summed over key slices of ``BKS`` (each slice's operands rounded as the
-    whole tile's would be)."""
-    b_qk = chunk_qk(q, k, q_rstd, k_rstd, tok, m_t, H_qk, hk, K, BT, BKS, HAS_NORM, ACC, MM)
-    return decayed_scores(b_qk, g, gate_params, tok, m_t, HV, h, GATE, ACC)
-
-
-@triton.jit
 def chunk_qk(q, k, q_rstd, k_rstd, tok, m_t, H_qk, hk, K, BT: tl.constexpr, BKS: tl.constexpr,
              HAS_NORM: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr):
     """``Q K^T`` ``[BT, BT]`` of key head ``hk`` (shared by its value heads),

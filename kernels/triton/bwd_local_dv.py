@@ -1,6 +1,7 @@
 """Backward (Triton): the local dv_new, ``scale (Q K^T * D)^T dO``; one program
-per (chunk, value head) that walks the value tiles, so q, k and the scores are
-loaded and computed once per chunk (with a program per value tile they were
+per chunk and value head, or pair of value heads of one key head
+(:data:`SHARE`), that walks the value tiles, so q, k and ``Q K^T`` are loaded
+and formed once per chunk and program (with a program per value tile they were
 once per tile: 1.63 against 1.08 GB moved at the roofline's shape). Same
 signature as ``kernels.torch.bwd_local_dv``."""
 
@@ -11,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_scores, chunk_tokens, dot, head_block, launch, load_rows_cols, mm_mode,
-                      pointer, register_cap, store_rows_cols)
+from ._common import (BT, acc_dtype, chunk_qk, chunk_tokens, decayed_scores, dot, head_block, launch, load_rows_cols,
+                      mm_mode, pointer, register_cap, store_rows_cols)
 
 
 NUM_WARPS = 4
@@ -26,30 +27,44 @@ BKS_LOCAL_DV = 16
 SM) and 80 B of spills per thread when capped at 168 (sm_90, triton 3.6)."""
 BV_LOCAL_DV = 32
 """Value columns per tile of dO and dv."""
-MAX_REGISTERS = 128
-"""ptxas's cap per thread: 4 warps at 128 registers, four programs per SM, no
-spill (141 uncapped: three). The calibrated model: 298 us a launch at T = 32K,
-HV = 32, against 317 at three per SM and 354 at slices of 32 (two)."""
+SHARE = 2
+"""Value heads of one key head a program serves when the group (``HV /
+H_qk``) is even: ``Q K^T`` is formed once for both. On sm_90 (bf16, K = V =
+128, triton 3.6) a pair takes 242 registers uncapped and spills nothing (two
+programs per SM; capped at 200 it spills 92 B per thread, at 168 220 B); the
+calibrated model: 266 us a launch at T = 32K, H_qk = 16, HV = 32, against 298
+with a program per value head."""
+
+
+def max_registers(constexprs) -> int | None:
+    """ptxas's cap per thread (``maxnreg``) for the program of ``constexprs``:
+    a program of one value head at 128 (4 warps, four programs per SM, no
+    spill; 150 uncapped: three, 317 us a launch at the roofline's shape), a
+    pair uncapped (:data:`SHARE`)."""
+    return 128 if constexprs["SHARE"] == 1 else None
 
 
 @triton.jit
 def bwd_local_dv_kernel(
     q, k, g, gate_params, do, dv, q_rstd, k_rstd, chunk_table, scale,
     n_chunks, H_qk, HV, K, V,
-    BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
-    ACC: tl.constexpr, MM: tl.constexpr,
+    BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, SHARE: tl.constexpr, HAS_NORM: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
-    """One chunk of one value head, looping over value tiles; grid (NC, HV)."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    i_hk = i_h // (HV // H_qk)
+    """One chunk of ``SHARE`` value heads of one key head (GVA): ``Q K^T``
+    once, then each head's decayed scores against its value tiles; grid
+    (NC, HV / SHARE)."""
+    i_c, i_p = tl.program_id(0), tl.program_id(1)
+    i_hk = i_p * SHARE // (HV // H_qk)
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     tok, o_t, m_t = chunk_tokens(start, length, BT)
-    scores = chunk_scores(q, k, g, gate_params, q_rstd, k_rstd, tok, m_t, H_qk, i_hk, HV, i_h, K, BT, BKS, HAS_NORM,
-                          GATE, ACC, MM)
-    b_scores_t = tl.trans(scores)
-    for col in range(0, V, BV):
-        b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
-        store_rows_cols(dv, scale * dot(b_scores_t, b_do, MM), tok, m_t, HV, i_h, V, col, BV)
+    b_qk = chunk_qk(q, k, q_rstd, k_rstd, tok, m_t, H_qk, i_hk, K, BT, BKS, HAS_NORM, ACC, MM)
+    for i_s in tl.static_range(SHARE):
+        i_h = i_p * SHARE + i_s
+        b_scores_t = tl.trans(decayed_scores(b_qk, g, gate_params, tok, m_t, HV, i_h, GATE, ACC))
+        for col in range(0, V, BV):
+            b_do = load_rows_cols(do, tok, m_t, HV, i_h, V, col, BV, ACC)
+            store_rows_cols(dv, scale * dot(b_scores_t, b_do, MM), tok, m_t, HV, i_h, V, col, BV)
 
 
 def bwd_local_dv(
@@ -71,9 +86,12 @@ def bwd_local_dv(
     if index.n_chunks == 0:
         return
     BV = min(BV_LOCAL_DV, head_block(V))
-    launch(bwd_local_dv_kernel)[(index.n_chunks, HV)](
+    share = SHARE if (HV // H_qk) % SHARE == 0 else 1
+    constexprs = dict(BT=BT, BKS=min(BKS_LOCAL_DV, head_block(K)), BV=BV, SHARE=share, HAS_NORM=q_rstd is not None,
+                      GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k))
+    cap = max_registers(constexprs)
+    launch(bwd_local_dv_kernel)[(index.n_chunks, HV // share)](
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BKS=min(BKS_LOCAL_DV, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
-        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, **register_cap(MAX_REGISTERS),
+        **constexprs, num_warps=NUM_WARPS, **(register_cap(cap) if cap else {}),
     )

@@ -123,6 +123,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     beta = dict(BETA_SIGMOID=True, BETA_SCALE=1.0)
     # segments, phase 2: fp32 summaries and states, exact products (no MM)
     compose = dict(BK=BK, BV=min(BV_COMPOSE, value_block(V)), BKB=min(BKB_COMPOSE, BK), ACC=tl.float32)
+    local_dv = dict(BT=BT, BKS=min(BKS_LOCAL_DV, BK), BV=min(BV_LOCAL_DV, head_block(V)), HAS_NORM=True, GATE=True,
+                    ACC=tl.float32, MM="bf16")
     conv = dict(W=4, HAS_BIAS=True, HAS_HALO=True, BT=BT_CONV, BD=BD_CONV, ACC=tl.float32)
     recurrent = dict(BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=True, BETA_SIGMOID=True, BETA_SCALE=1.0,
                      QK_NORM=True, HAS_INITIAL=True, EPS=1e-6, ACC=tl.float32)
@@ -142,9 +144,9 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("output_kernel", output_kernel,
          dict(BT=BT, BKS=min(BKS_OUTPUT, BK), BV=min(BV_OUTPUT, head_block(V)), HAS_NORM=True, GATE=True,
               ACC=tl.float32, MM="bf16")),
-        ("bwd_local_dv_kernel", bwd_local_dv_kernel,
-         dict(BT=BT, BKS=min(BKS_LOCAL_DV, BK), BV=min(BV_LOCAL_DV, head_block(V)), HAS_NORM=True, GATE=True,
-              ACC=tl.float32, MM="bf16")),
+        # a pair of value heads of one key head (the roofline's shape), and one head (HV = H_qk)
+        ("bwd_local_dv_kernel", bwd_local_dv_kernel, dict(local_dv, SHARE=2)),
+        ("bwd_local_dv_kernel[one head]", bwd_local_dv_kernel, dict(local_dv, SHARE=1)),
         ("adjoint_walk_kernel", adjoint_walk_kernel,
          dict(walk, BV=walk_block(V), HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
@@ -191,11 +193,15 @@ def num_stages(kernel) -> int:
     return _launch_fact(kernel, "NUM_STAGES", 3)
 
 
-def launch_options(kernel) -> dict:
-    """The compile options its launcher gives ``kernel``: warps, stages and,
-    where its module caps them (``MAX_REGISTERS``), ptxas's registers per thread."""
+def launch_options(kernel, constexprs: dict) -> dict:
+    """The compile options its launcher gives ``kernel`` at ``constexprs``:
+    warps, stages and, where its module caps them (``MAX_REGISTERS``, or a cap
+    per configuration, ``max_registers(constexprs)``), ptxas's registers per
+    thread."""
     options = {"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)}
-    max_registers = _launch_fact(kernel, "MAX_REGISTERS", None)
+    per_configuration = _launch_fact(kernel, "max_registers", None)
+    max_registers = (per_configuration(constexprs) if per_configuration is not None
+                     else _launch_fact(kernel, "MAX_REGISTERS", None))
     if max_registers is not None:
         options["maxnreg"] = max_registers
     return options
@@ -242,7 +248,7 @@ def compile_all(arch: int, K: int = 128, V: int = 128, only: list[str] | None = 
     out = []
     for name, kernel, constexprs in selected(K, V, only):
         compiled = triton.compile(source(name, kernel, constexprs), target=target,
-                                  options=launch_options(kernel))
+                                  options=launch_options(kernel, constexprs))
         out.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                         num_warps=compiled.metadata.num_warps))
     return out
@@ -280,7 +286,7 @@ def report(arch: int, K: int = 128, V: int = 128, only: list[str] | None = None)
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(source(name, kernel, constexprs), target=target,
-                                      options=launch_options(kernel))
+                                      options=launch_options(kernel, constexprs))
         has_dot = "tt.dot" in compiled.asm["ttir"]
         rows.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                          num_warps=compiled.metadata.num_warps, num_stages=compiled.metadata.num_stages,
