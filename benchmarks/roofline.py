@@ -80,8 +80,7 @@ if __name__ == "__main__":  # before triton is imported: compile for real, ptxas
 import torch
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
-from gdn_kcp.kernels.triton._common import head_block, walk_block
-from gdn_kcp.kernels.triton.bwd_local_dv import SHARE as LOCAL_DV_SHARE
+from gdn_kcp.kernels.triton._common import head_block, heads_per_program, walk_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
@@ -247,7 +246,7 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
         return [walk(phase, "walk_output_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
 
     def bwd_local_dv(phase: str) -> list[Launch]:  # a program per chunk and head, or pair of a key head's heads
-        pair = LOCAL_DV_SHARE if G % LOCAL_DV_SHARE == 0 else 1
+        pair = heads_per_program(H, HV)
         work = Work(bf16=2 * C * C * K + pair * 2 * C * C * V,
                     bytes=qk + pair * (C * n + C * V * n + C * V * e["dv_new"]))
         return [Launch(phase, "bwd_local_dv_kernel" if pair > 1 else "bwd_local_dv_kernel[one head]", NC * HV // pair,
@@ -654,7 +653,8 @@ def breakdown(results: Mapping) -> str:
     """The sentence of docs/cuda.md on where ours loses, from the estimate's rows (ms)."""
     def ms(name: str, kernels: set, phase: str) -> float:
         rows = results[name]["rows"]
-        return sum(r["n"] * r["time"] for r in rows if r["kernel"] in kernels and r["phase"] == phase) * 1e3
+        return sum(r["n"] * r["time"] for r in rows  # a variant (``name[variant]``) counts as its kernel
+                   if r["kernel"].split("[")[0] in kernels and r["phase"] == phase) * 1e3
 
     intra = {"chunk_gated_delta_rule_fwd_kkt_solve_kernel", "recompute_w_u_fwd_kernel"}
     return (f"prep {ms('ours', {'wy_inverse_kernel', 'prep_kernel'}, 'fwd'):.2f} ms in the forward against "

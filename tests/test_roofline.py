@@ -118,6 +118,14 @@ def test_our_launches_counted_by_hand():
     # the substitution and the exact merges at 8: 4 pairs x 2 products x 2*8^3; k, k_rstd, g and beta, A written
     assert inverse.work == Work(bf16=131072 + 32768 + 131072, fp32=7 * 6 * 64 * 8 + 4 * 2 * 2 * 8**3,
                                 bytes=2048 + 256 + 256 + 8192)
+    # one program per chunk serves both value heads of the key head: Q K^T once
+    local_dv = launch_of(launches, "bwd_local_dv_kernel", "bwd")
+    assert local_dv.programs == 2 and local_dv.work == Work(
+        bf16=131072 + 2 * 131072,  # Q K^T 2*64*64*16, per head P^T dO 2*64*64*16
+        bytes=4096 + 512 + 2 * (128 + 2048 + 2048))  # q k, their norms; per head g, dO, dv
+    single = roofline.our_launches(replace(TINY, HV=1), POOLS)  # a key head of one value head: a program per head
+    assert launch_of(single, "bwd_local_dv_kernel[one head]", "bwd").work == Work(
+        bf16=2 * 131072, bytes=4096 + 512 + 128 + 2048 + 2048)
     # W and U 2*64*64*(16 + 16); A read, k, k_rstd, g and beta, v, w and u written
     assert w_u.work == Work(bf16=262144, bytes=8192 + 2048 + 256 + 256 + 2048 + 2048 + 2048)
     assert launch_of(launches, "prep_kernel", "bwd") == replace(w_u, phase="bwd")

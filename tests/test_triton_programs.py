@@ -63,12 +63,24 @@ def test_triton_programs_match_torch_twins(name):
     bad = {k: v for k, v in errors.items() if not v < TOLERANCE[case["dtype"]]}
     assert not bad, bad
 
-@pytest.mark.parametrize("H_qk, HV", [(1, 1), (2, 6), (1, 4), (2, 8)])
+GROUPS = [(1, 1), (2, 6), (1, 4), (2, 8)]
+"""(H_qk, HV): groups of 1 and 3 (a program per value head), of 4 (two pairs
+per key head) and of 4 under two key heads."""
+
+
+def one_head_at_a_time(run, q, k, head_inputs, H_qk: int, HV: int) -> list[torch.Tensor]:
+    """``run(q, k, *inputs)`` for each value head alone, with its key head's q
+    and k, its ``head_inputs`` sliced to ``[T, 1, ...]``."""
+    group = HV // H_qk
+    return [run(q[:, h // group:h // group + 1].contiguous(), k[:, h // group:h // group + 1].contiguous(),
+                *[x[:, h:h + 1].contiguous() for x in head_inputs])[:, 0] for h in range(HV)]
+
+
+@pytest.mark.parametrize("H_qk, HV", GROUPS)
 def test_local_dv_serves_each_value_head_of_its_key_head(H_qk, HV):
-    """The local dv forms ``Q K^T`` once for a pair of value heads of one key
-    head: groups of 1 and 3 (one head a program), 4 (two pairs per key head)
-    and 4 under two key heads give each value head its own dv, bit for bit
-    the program run one value head at a time (a group of 1)."""
+    """The local dv forms ``Q K^T`` once for a pair of one key head's value
+    heads: each head's dv is its twin's, and bit for bit the program's run
+    one value head at a time (a group of 1)."""
     from gdn_kcp.kernels import torch as torch_programs
     from gdn_kcp.kernels import triton as triton_programs
 
@@ -76,20 +88,17 @@ def test_local_dv_serves_each_value_head_of_its_key_head(H_qk, HV):
     index = ChunkIndex.from_fragments([0, 70, 70, 150], device="cpu")
     q, k, _, g, _ = [x[0] for x in make_inputs(T, H_qk, HV, K, V, dtype=torch.float32, seed=3)]
     do = torch.randn(T, HV, V, generator=torch.Generator().manual_seed(4))
-    outs = {}
-    for name, programs in (("torch", torch_programs), ("triton", triton_programs)):
-        outs[name] = torch.empty(T, HV, V)
-        programs.bwd_local_dv(q, k, g, do, index, scale=0.5, q_rstd=None, k_rstd=None, dv_out=outs[name])
-    assert rel_rms(outs["triton"], outs["torch"]) < TOLERANCE[torch.float32]
-    group = HV // H_qk
-    for h in range(HV):  # head h alone, through its key head
-        alone = torch.empty(T, 1, V)
-        hk = h // group
-        triton_programs.bwd_local_dv(q[:, hk:hk + 1].contiguous(), k[:, hk:hk + 1].contiguous(),
-                                     g[:, h:h + 1].contiguous(),
-                                     do[:, h:h + 1].contiguous(), index, scale=0.5, q_rstd=None, k_rstd=None,
-                                     dv_out=alone)
-        assert torch.equal(alone[:, 0], outs["triton"][:, h]), h
+
+    def local_dv(programs, q, k, g, do):
+        dv = torch.empty(T, g.shape[1], V)
+        programs.bwd_local_dv(q, k, g, do, index, scale=0.5, q_rstd=None, k_rstd=None, dv_out=dv)
+        return dv
+
+    ours = local_dv(triton_programs, q, k, g, do)
+    assert rel_rms(ours, local_dv(torch_programs, q, k, g, do)) < TOLERANCE[torch.float32]
+    alone = one_head_at_a_time(lambda *x: local_dv(triton_programs, *x), q, k, [g, do], H_qk, HV)
+    for h in range(HV):
+        assert torch.equal(alone[h], ours[:, h]), h
 
 
 @pytest.mark.parametrize("segments", [1, 3])

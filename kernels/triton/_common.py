@@ -33,6 +33,13 @@ def head_block(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
+def heads_per_program(H_qk: int, HV: int) -> int:
+    """Value heads one program of the local dv serves: a pair of one key
+    head's (its ``Q K^T`` formed once for both) where the key head has an
+    even number of them (GVA), else one."""
+    return 2 if (HV // H_qk) % 2 == 0 else 1
+
+
 def value_block(V: int) -> int:
     """Value tiles of at most 64 columns: a ``[K, BV]`` fp32 state stays in registers."""
     return min(64, head_block(V))

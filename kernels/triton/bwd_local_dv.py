@@ -1,6 +1,6 @@
 """Backward (Triton): the local dv_new, ``scale (Q K^T * D)^T dO``; one program
 per chunk and value head, or pair of value heads of one key head
-(:data:`SHARE`), that walks the value tiles, so q, k and ``Q K^T`` are loaded
+(:func:`._common.heads_per_program`), that walks the value tiles, so q, k and ``Q K^T`` are loaded
 and formed once per chunk and program (with a program per value tile they were
 once per tile: 1.63 against 1.08 GB moved at the roofline's shape). Same
 signature as ``kernels.torch.bwd_local_dv``."""
@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_qk, chunk_tokens, decayed_scores, dot, head_block, launch, load_rows_cols,
-                      mm_mode, pointer, register_cap, store_rows_cols)
+from ._common import (BT, acc_dtype, chunk_qk, chunk_tokens, decayed_scores, dot, head_block, heads_per_program, launch,
+                      load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols)
 
 
 NUM_WARPS = 4
@@ -27,20 +27,17 @@ BKS_LOCAL_DV = 16
 SM) and 80 B of spills per thread when capped at 168 (sm_90, triton 3.6)."""
 BV_LOCAL_DV = 32
 """Value columns per tile of dO and dv."""
-SHARE = 2
-"""Value heads of one key head a program serves when the group (``HV /
-H_qk``) is even: ``Q K^T`` is formed once for both. On sm_90 (bf16, K = V =
-128, triton 3.6) a pair takes 242 registers uncapped and spills nothing (two
-programs per SM; capped at 200 it spills 92 B per thread, at 168 220 B); the
-calibrated model: 266 us a launch at T = 32K, H_qk = 16, HV = 32, against 298
-with a program per value head."""
 
 
 def max_registers(constexprs) -> int | None:
-    """ptxas's cap per thread (``maxnreg``) for the program of ``constexprs``:
-    a program of one value head at 128 (4 warps, four programs per SM, no
-    spill; 150 uncapped: three, 317 us a launch at the roofline's shape), a
-    pair uncapped (:data:`SHARE`)."""
+    """ptxas's cap per thread (``maxnreg``) for the program of ``constexprs``.
+    A program of one value head at 128: 4 warps, four programs per SM, no
+    spill (150 uncapped: three, 317 us a launch at the roofline's shape). A
+    pair of value heads (``SHARE = 2``, :func:`._common.heads_per_program`)
+    uncapped: on sm_90 (bf16, K = V = 128, triton 3.6) 239 registers and no
+    spill, two programs per SM (capped at 200 it spills 92 B per thread, at
+    168 220 B); the calibrated model: 265 us a launch at T = 32K, H_qk = 16,
+    HV = 32, against 298 with a program per value head."""
     return 128 if constexprs["SHARE"] == 1 else None
 
 
@@ -86,7 +83,7 @@ def bwd_local_dv(
     if index.n_chunks == 0:
         return
     BV = min(BV_LOCAL_DV, head_block(V))
-    share = SHARE if (HV // H_qk) % SHARE == 0 else 1
+    share = heads_per_program(H_qk, HV)
     constexprs = dict(BT=BT, BKS=min(BKS_LOCAL_DV, head_block(K)), BV=BV, SHARE=share, HAS_NORM=q_rstd is not None,
                       GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k))
     cap = max_registers(constexprs)
