@@ -1,9 +1,9 @@
 """Backward (Triton): the local dv_new, ``scale (Q K^T * D)^T dO``; one program
 per chunk and value head, or pair of value heads of one key head
-(:func:`._common.heads_per_program`), that walks the value tiles, so q, k and ``Q K^T`` are loaded
-and formed once per chunk and program (with a program per value tile they were
-once per tile: 1.63 against 1.08 GB moved at the roofline's shape). Same
-signature as ``kernels.torch.bwd_local_dv``."""
+(:func:`._common.heads_per_program`), that walks the value tiles, so q, k and
+``Q K^T`` are loaded and formed once per chunk and program (with a program per
+value tile they were once per tile: 1.63 against 1.08 GB moved at the
+roofline's shape). Same signature as ``kernels.torch.bwd_local_dv``."""
 
 from __future__ import annotations
 
