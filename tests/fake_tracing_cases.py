@@ -7,8 +7,8 @@ a host read anywhere on the call path raises there."""
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from spawn import gloo_releases_tensors
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from gdn_kcp import build_kcp_context, chunk_gated_delta_rule, gdn_kcp

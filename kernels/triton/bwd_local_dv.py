@@ -32,7 +32,8 @@ BV_LOCAL_DV = 32
 def max_registers(constexprs) -> int | None:
     """ptxas's cap per thread (``maxnreg``) for the program of ``constexprs``.
     A program of one value head at 128: 4 warps, four programs per SM, no
-    spill (150 uncapped: three, 317 us a launch at the roofline's shape). A
+    spill under triton 3.6 (8 B per thread under 3.9; 150 registers uncapped:
+    three per SM, 317 us a launch at the roofline's shape). A
     pair of value heads (``SHARE = 2``, :func:`._common.heads_per_program`)
     uncapped: on sm_90 (bf16, K = V = 128, triton 3.6) 239 registers and no
     spill, two programs per SM (capped at 200 it spills 92 B per thread, at

@@ -175,9 +175,10 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     ]
 
 
-def _launch_fact(kernel, name: str, default: int) -> int:
-    """The module constant ``name`` of module ``X`` for its kernel ``X_kernel``
-    (what its launcher passes), ``default`` for any other kernel."""
+def _launch_fact(kernel, name: str, default: object) -> object:
+    """The module attribute ``name`` of module ``X`` for its kernel ``X_kernel``
+    (what its launcher passes: a constant, or ``max_registers``, a function of
+    the constexprs), ``default`` for any other kernel."""
     module = importlib.import_module(kernel.fn.__module__)
     main = kernel.fn.__name__ == module.__name__.rsplit(".", 1)[1] + "_kernel"
     return getattr(module, name, default) if main else default
