@@ -82,7 +82,7 @@ from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, wal
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import head_block, heads_per_program, walk_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
-from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
+from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT, kernel_of
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
 
 from gdn_kcp import OptionsKcp, build_kcp_context
@@ -132,7 +132,7 @@ def kernel_flops(launches: list[Launch]) -> dict[str, float]:
     out: dict[str, float] = {}
     for launch in launches:
         if launch.kernel:
-            name = launch.kernel.split("[")[0]
+            name = kernel_of(launch.kernel)
             out[name] = out.get(name, 0.0) + launch.programs * launch.work.flops
     return out
 
@@ -653,8 +653,7 @@ def breakdown(results: Mapping) -> str:
     """The sentence of docs/cuda.md on where ours loses, from the estimate's rows (ms)."""
     def ms(name: str, kernels: set, phase: str) -> float:
         rows = results[name]["rows"]
-        return sum(r["n"] * r["time"] for r in rows  # a variant (``name[variant]``) counts as its kernel
-                   if r["kernel"].split("[")[0] in kernels and r["phase"] == phase) * 1e3
+        return sum(r["n"] * r["time"] for r in rows if kernel_of(r["kernel"]) in kernels and r["phase"] == phase) * 1e3
 
     intra = {"chunk_gated_delta_rule_fwd_kkt_solve_kernel", "recompute_w_u_fwd_kernel"}
     return (f"prep {ms('ours', {'wy_inverse_kernel', 'prep_kernel'}, 'fwd'):.2f} ms in the forward against "

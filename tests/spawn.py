@@ -100,10 +100,8 @@ def gloo_releases_tensors() -> Iterator[None]:
     def batch_isend_irecv(ops):
         counts = _held_counts([op.tensor for op in ops])
         works = batch(ops)
-        if len(works) == len(ops):  # a Work per hop (gloo does not coalesce)
-            return [_ReleasedWork(w, [c], "batch_isend_irecv") for w, c in zip(works, counts)]
-        return [_ReleasedWork(w, counts if i == len(works) - 1 else [], "batch_isend_irecv")
-                for i, w in enumerate(works)]
+        assert len(works) == len(ops), "gloo returns a Work per hop (it does not coalesce)"
+        return [_ReleasedWork(w, [c], "batch_isend_irecv") for w, c in zip(works, counts)]
 
     dist.all_to_all_single, dist.batch_isend_irecv = all_to_all_single, batch_isend_irecv
     try:

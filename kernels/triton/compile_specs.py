@@ -208,11 +208,17 @@ def launch_options(kernel, constexprs: dict) -> dict:
     return options
 
 
+def kernel_of(name: str) -> str:
+    """The kernel a row of :func:`kernels` names: a configuration's
+    ``kernel[variant]`` is ``kernel``, as the profiler names its launches."""
+    return name.split("[")[0]
+
+
 def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
     """The kernel as a launch specialises it: every pointer 16-byte aligned
     (``tt.divisibility``; tensors and workspace pools start on 256-byte
     boundaries), int arguments unspecialised (they vary per call)."""
-    inputs = INPUT_POINTERS[name.split("[")[0]]
+    inputs = INPUT_POINTERS[kernel_of(name)]
     signature, attrs = {}, {}
     for i, param in enumerate(kernel.params):
         if not param.is_constexpr and param.name not in FLOATS | INTS:

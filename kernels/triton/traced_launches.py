@@ -43,7 +43,7 @@ from collections.abc import Iterator
 import torch
 import triton
 
-from .compile_specs import FLOATS, INDEX_TABLES, INPUT_POINTERS, INTS, kernels
+from .compile_specs import FLOATS, INDEX_TABLES, INPUT_POINTERS, INTS, kernel_of, kernels
 
 
 class _StubDriver:
@@ -86,7 +86,7 @@ def _argument(kernel_name: str, name: str):
         return torch.zeros(64, dtype=torch.int32)
     if name == "doc_bounds":
         return torch.zeros(64, dtype=torch.int64)
-    inputs = INPUT_POINTERS[kernel_name.split("[")[0]]
+    inputs = INPUT_POINTERS[kernel_of(kernel_name)]
     return torch.zeros(64, dtype=torch.bfloat16 if name in inputs else torch.float32)
 
 
