@@ -265,7 +265,8 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
         return [Launch(phase, "bwd_dqkwg_kernel", NC * HV, work)]
 
     def bwd_wy(phase: str) -> list[Launch]:
-        work = Work(bf16=2 * C * C * (5 * K + 2 * V + 2 * C),
+        # dA from dW and dU; A^T dW and A^T dU; A^T dA A^T; dL K and (diag(beta) dL)^T K
+        work = Work(bf16=2 * C * C * (4 * K + 2 * V + 2 * C),
                     bytes=2 * C * n + C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * K * e["dw"] + C * V * n
                     + C * V * e["dv_new"] + 2 * C * K * e["dk_heads"] + 2 * C * e["dgcum"] + C * V * n + C * n)
         return [Launch(phase, "bwd_wy_kernel", NC * HV, work)]

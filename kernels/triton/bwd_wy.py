@@ -25,8 +25,8 @@ BV_WY = 16
 """K and V blocks: at 32 / 64 the kernel spilled 136 B per thread under triton
 3.6 (the GPU machine's) and 240 under 3.9; at 16 / 32, 0 and 56
 (compile_specs --report, 8 warps). At 4 warps (two programs per SM) and
-16 / 16 it spills 64 B under 3.6 and none under 3.9 (16 / 32: 320 B; 32 / 16:
-1,416 B, under 3.6)."""
+16 / 16 it spills 8 B under 3.6 and none under 3.9 (64 B under 3.6 while the
+first K loop also formed A^T dW; 16 / 32: 320 B; 32 / 16: 1,416 B)."""
 NUM_WARPS = 4
 """Warps per program: at 8 (247 registers, one program per SM) the calibrated
 model priced the launch 184 us above 4 warps' two programs per SM at T = 32K,
@@ -52,13 +52,10 @@ def bwd_wy_kernel(
     # K in blocks of BKS columns, in two passes: with whole [BT, 128] tiles of
     # k, dw and A^T dw it spilled 2,020 B per thread on sm_90, 1,456 with 64-column
     # blocks, 760 with 32 (compile_specs --report; see BKS_WY)
-    w_dot_k = tl.zeros([BT], dtype=ACC)
     dA = tl.zeros([BT, BT], dtype=ACC)
     for c0 in range(0, BK, BKS):
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC)
-        At_dw = dot(tl.trans(b_A), b_dw, MM)
-        w_dot_k += tl.sum(At_dw * b_k, 1)
         dA += dot(b_dw, tl.trans(beta_gamma[:, None] * b_k), MM)
     u_dot_v = tl.zeros([BT], dtype=ACC)
     for col in range(0, V, BV):
@@ -76,6 +73,7 @@ def bwd_wy_kernel(
     # sum_i beta_i dL_ij <k_i, k_j> = <(diag(beta) dL)^T K)_j, k_j>, from the two
     # products dk needs anyway; a [BT, BT] K K^T live through both loops spilled
     # 312 B per thread at 4 warps (sm_90, triton 3.6)
+    w_dot_k = tl.zeros([BT], dtype=ACC)  # <(A^T dW)_i, k_i>, from the product dk needs (A^T dW once)
     dL_kk = tl.zeros([BT], dtype=ACC)  # sum_j dL_ij <k_i, k_j>
     through_L_cols = tl.zeros([BT], dtype=ACC)  # column sums of dL * L
     for c0 in range(0, BK, BKS):
@@ -86,6 +84,7 @@ def bwd_wy_kernel(
         b_dk = beta_gamma[:, None] * At_dw + b_beta[:, None] * dL_k + dKk_t_k
         b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, c0, BKS, ACC)
         store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, c0, BKS)
+        w_dot_k += tl.sum(At_dw * b_k, 1)
         dL_kk += tl.sum(dL_k * b_k, 1)
         through_L_cols += tl.sum(dKk_t_k * b_k, 1)
     b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + dL_kk
