@@ -36,6 +36,33 @@ def test_matches_the_oracle_over_packed_documents(l2):
     assert s.dtype == torch.float64 and o.shape == v.shape
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bounds", [[0, 0, 1], [0, 1, 1, 1]])
+def test_one_token_beside_empty_documents(backend, bounds):
+    """A stream of one token with zero-length documents before or after it:
+    while the token's document steps, the empty ones read the stream's only
+    valid row (row 0) and keep their initial state. Two key heads (more heads
+    than tokens). Each program against the fp64 oracle: o, and every
+    document's final state."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    from gdn_kcp.kernels import torch as torch_programs
+
+    programs = torch_programs
+    if backend == "triton":
+        from gdn_kcp.kernels import triton as programs
+    n = len(bounds) - 1
+    q, k, v, g, beta = make_inputs(1, 2, 4, 16, 8, l2=False, seed=5, dtype=torch.float64)
+    h0 = torch.randn(n, 4, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
+    o, state = torch.full_like(flat[2], float("nan")), torch.full_like(h0, float("nan"))
+    programs.recurrent(*flat, None, torch.tensor(bounds), h0, 0.3, o_out=o, state_out=state, use_qk_l2norm=True,
+                       beta_mode=(False, 1.0))
+    ref_o, ref_s = naive_recurrence(q, k, v, g, beta, scale=0.3, initial_state=h0, output_final_state=True,
+                                    use_qk_l2norm=True, cu_seqlens=torch.tensor(bounds))
+    assert (o - ref_o[0]).abs().max() < 1e-12 and (state - ref_s).abs().max() < 1e-12
+
+
 def test_in_kernel_gate_and_beta_equal_the_chunked_path():
     """FLA's gate and beta keywords, V-first states and B = 3 rows: the same
     math as chunk_gated_delta_rule, to fp64 rounding."""
