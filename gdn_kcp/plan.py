@@ -53,18 +53,18 @@ COMPOSE_VALUE_TILE = 16
 """Value columns per composition program (``kernels.triton.compose_segments.BV_COMPOSE``:
 its exact fp32 products stay in registers at 16 columns)."""
 
-WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 41_492, "spill_stores": 4,
-              "spill_loads": 4}
+WALK_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 230, "shared": 82_452, "spill_stores": 0,
+              "spill_loads": 0}
 """Compile facts of the walk with the output, the forward's walk in the
-default save modes (sm_90, bf16, K = V = 128, triton 3.6: the committed
-``benchmarks/h200_facts.json``, which a test ties to these): 255 registers x
-8 warps, one program per SM, 4 B per thread spilled (reloaded every step)."""
+default save modes (sm_90, bf16, K = V = 128 as a launch specialises them,
+triton 3.6: the committed ``benchmarks/h200_facts.json``, which a test ties
+to these): 230 registers x 8 warps, one program per SM, no spills."""
 
-SEGMENT_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 255, "shared": 20_736, "spill_stores": 0,
+SEGMENT_FACTS = {"products": "wgmma", "num_warps": 8, "registers": 124, "shared": 49_408, "spill_stores": 0,
                  "spill_loads": 0}
-"""The segment summary's (phase 1) compile facts, as :data:`WALK_FACTS`."""
+"""The segment summary's (phase 1) compile facts, as :data:`WALK_FACTS`: two programs per SM."""
 
-COMPOSE_FACTS = {"products": "fma", "num_warps": 8, "registers": 246, "shared": 17_408, "spill_stores": 0,
+COMPOSE_FACTS = {"products": "fma", "num_warps": 8, "registers": 170, "shared": 20_480, "spill_stores": 0,
                  "spill_loads": 0}
 """``compose_segments``' (phase 2) compile facts: exact fp32 products, one program per SM."""
 

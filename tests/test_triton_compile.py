@@ -77,20 +77,31 @@ HEAD_SIZES = [(128, 128), (256, 256), (128, 512)]
 """The (K, V) columns of the README's spill table."""
 
 
-def check_readme_spills(rows: list[dict], column: int) -> None:
-    """The README's spill stores at ``HEAD_SIZES[column]`` are ``rows``' (a kernel
-    it does not list spills nothing), when the installed triton is the one it names."""
+def readme_spills(column: int) -> dict[str, int] | None:
+    """The README's spill stores per kernel at ``HEAD_SIZES[column]`` (a kernel it
+    does not list spills nothing), or None when the installed triton is not the
+    one it names."""
     import re
 
     import triton
-    from doc_tables import README, paragraph_before, table_rows
+    from doc_tables import paragraph_before, table_rows
 
     version = re.search(r"ptxas of triton (\S+);", paragraph_before("head-size-spills"))
     assert version, "the README names the triton of its spill table"
     if version[1] != triton.__version__:
+        return None
+    return {cells[0]: int(cells[1 + column].replace(",", "")) for cells in table_rows("head-size-spills")
+            if cells[0] != "kernel"}
+
+
+def check_readme_spills(rows: list[dict], column: int) -> None:
+    """The README's spill stores at ``HEAD_SIZES[column]`` are ``rows``', when
+    the installed triton is the one it names."""
+    from doc_tables import README
+
+    stated = readme_spills(column)
+    if stated is None:
         return
-    stated = {cells[0]: int(cells[1 + column].replace(",", "")) for cells in table_rows("head-size-spills")
-              if cells[0] != "kernel"}
     assert {r["kernel"]: r["spill_stores"] for r in rows} == {r["kernel"]: stated.get(r["kernel"], 0) for r in rows}
     assert set(stated) <= {r["kernel"] for r in rows}, README
 
@@ -115,15 +126,17 @@ def test_every_kernel_compiles_at_fla_head_sizes(tmp_path, column):
 @pytest.mark.skipif(os.environ.get("GDN_KCP_COMPILE_LARGE") != "1",
                     reason="set GDN_KCP_COMPILE_LARGE=1 (make compile-check): the larger head sizes")
 @pytest.mark.parametrize("K, V", [(256, 256), (128, 512)])
-def test_decode_kernels_compile_without_spills_at_fla_head_sizes(tmp_path, K, V):
-    """The decode step programs at the larger head sizes of the compile check
-    (K = 256; V is a runtime size over value tiles of 8, so V = 512 compiles
-    as 128 does): no spill, no shared-memory excess (the K = V = 128 case is
-    in the table above)."""
+def test_decode_kernels_compile_at_fla_head_sizes(tmp_path, K, V):
+    """The decode step programs at the larger head sizes of the compile check:
+    within shared memory and the spill limit, with the README's spills (on its
+    triton; the K = V = 128 case is in the table above)."""
     rows = compile_kernels(90, tmp_path, True, "--K", str(K), "--V", str(V), "--kernels", DECODE_KERNELS)
     assert [r["kernel"] for r in rows] == DECODE_KERNELS.split(",")
-    assert all(r["registers"] > 0 and r["spill_stores"] == 0 and r["shared"] <= SHARED_MEMORY_LIMIT
+    assert all(r["registers"] > 0 and r["spill_stores"] <= SPILL_LIMIT and r["shared"] <= SHARED_MEMORY_LIMIT
                for r in rows), rows
+    stated = readme_spills(HEAD_SIZES.index((K, V)))
+    if stated is not None:
+        assert {r["kernel"]: r["spill_stores"] for r in rows} == {r["kernel"]: stated.get(r["kernel"], 0) for r in rows}
 
 
 def stated_kernel_table() -> dict | None:

@@ -150,8 +150,10 @@ class GdnFunction(torch.autograd.Function):
 MAX_K_TRITON, MAX_V_TRITON = 256, 512
 """The head dims the Triton programs are checked at: FLA's layer defaults
 (head_dim 256, expand_v 2). Every program tiles V (value tiles of 8 to 128)
-and walks hold the state as two ``[K / 2, BV]`` halves; at K = 256 the walks
-spill up to 994 B per thread (sm_90, triton 3.9; docs/cuda.md)."""
+and walks hold the state as two ``[K / 2, BV]`` halves; at K = 256 they spill
+nothing under triton 3.9 (sm_90, compiled as a launch specialises the head
+dims; README's table); under 3.6 (the GPU machine's) the adjoint walk spills
+60 B per thread and the adjoint summaries of KCP and segments up to 344."""
 
 
 def check_triton_head_dims(K: int, V: int) -> None:

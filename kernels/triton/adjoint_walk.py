@@ -33,9 +33,10 @@ def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, 
     ``scale gamma_i`` of Q) go on the ``[BT, BV]`` side of the products, so no
     decayed copy of K or Q is made (:func:`walk_operands`). W, K and Q are read
     in ``[BT, BH]`` slices, W's first: on sm_90 at 8 warps, value tiles of 32
-    and 2 stages (triton 3.6) the adjoint walk then spills 4 B per thread, 24
+    and 2 stages (triton 3.6) the adjoint walk then spilled 4 B per thread, 24
     with W's slices read just before their products, 48 with K's products
-    split."""
+    split (compiled without the head dims' divisibility; with it, as a launch
+    compiles it, 226 registers and no spill)."""
     b_w1 = load_operand_cols(w, tok, m_t, HV, h, K, 0, BH, MM, ACC)
     b_w2 = load_operand_cols(w, tok, m_t, HV, h, K, BH, BH, MM, ACC)
     b_k1 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC), MM)

@@ -25,8 +25,9 @@ BV_WY = 16
 """K and V blocks: at 32 / 64 the kernel spilled 136 B per thread under triton
 3.6 (the GPU machine's) and 240 under 3.9; at 16 / 32, 0 and 56
 (compile_specs --report, 8 warps). At 4 warps (two programs per SM) and
-16 / 16 it spills 8 B under 3.6 and none under 3.9 (64 B under 3.6 while the
-first K loop also formed A^T dW; 16 / 32: 320 B; 32 / 16: 1,416 B)."""
+16 / 16 it spilled 8 B under 3.6 and none under 3.9 (64 B under 3.6 while the
+first K loop also formed A^T dW; 16 / 32: 320 B; 32 / 16: 1,416 B); as a
+launch at K = V = 128 compiles it, 193 registers and no spill (3.6)."""
 NUM_WARPS = 4
 """Warps per program: at 8 (247 registers, one program per SM) the calibrated
 model priced the launch 184 us above 4 warps' two programs per SM at T = 32K,

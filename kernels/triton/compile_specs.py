@@ -11,6 +11,13 @@ with ``TRITON_INTERPRET`` unset: the interpreter has nothing to compile).
 thread) and the PTX (``wgmma`` / ``mma`` tensor-core instructions against
 scalar ``fma.rn.f32``) of every kernel and prints a Markdown table; it
 compiles in a fresh ``TRITON_CACHE_DIR`` so ptxas runs for every kernel.
+
+The register and spill figures quoted in the kernel modules' docstrings and
+comments were measured before :func:`source` gave the head dims the
+divisibility a launch gives them (2026-12-04), unless they say otherwise:
+they record why each block size, warp count and cap was chosen, not what a
+launch compiles now (``--report`` says that; under it no kernel with a
+product spills more than 16 B per thread at K = V = 128).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import re
 
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
+from triton.backends.compiler import BaseBackend, GPUTarget
 
 from ._common import BT, head_block, value_block, walk_block
 from .adjoint_segment_summary import adjoint_segment_summary_kernel
@@ -214,11 +221,26 @@ def kernel_of(name: str) -> str:
     return name.split("[")[0]
 
 
-def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
+def shape_ints(name: str, K: int, V: int) -> dict[str, int]:
+    """The int arguments whose values the head dims fix, whatever the stream:
+    K, V, and the width of a ``[S | M]`` plane's block (``WIDTH``: V, or K for
+    the ``[M]`` variants). The rest (chunk, fragment and token counts, head
+    counts, strides, channels) vary per call and stay unspecialised."""
+    return {"K": K, "V": V, "WIDTH": K if name.endswith("[M]") else V}
+
+
+def source(name: str, kernel, constexprs: dict, ints: dict[str, int] | None = None) -> triton.compiler.ASTSource:
     """The kernel as a launch specialises it: every pointer 16-byte aligned
     (``tt.divisibility``; tensors and workspace pools start on 256-byte
-    boundaries), int arguments unspecialised (they vary per call)."""
+    boundaries), and each int of ``ints`` (:func:`shape_ints`) as triton
+    specialises its value at a launch: ``tt.divisibility`` 16 when 16 divides
+    it (``BaseBackend.get_int_specialization``). That is what a launch at
+    K = V = 128 compiles: without it, ptxas gave bwd_dqkwg 255 registers and
+    256 B per thread of spills (triton 3.6), with it 178 and none, since the
+    rows' addresses are then known to be 16-byte aligned. Other ints stay
+    unspecialised (a stream's counts vary per call)."""
     inputs = INPUT_POINTERS[kernel_of(name)]
+    ints = ints or {}
     signature, attrs = {}, {}
     for i, param in enumerate(kernel.params):
         if not param.is_constexpr and param.name not in FLOATS | INTS:
@@ -229,6 +251,8 @@ def source(name: str, kernel, constexprs: dict) -> triton.compiler.ASTSource:
             signature[param.name] = "fp32"
         elif param.name in INTS:
             signature[param.name] = "i32"
+            if param.name in ints and BaseBackend.get_int_specialization(ints[param.name], align=True) == "D":
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif param.name in INDEX_TABLES:
             signature[param.name] = "*i32"
         elif param.name == "doc_bounds":  # the decode programs' int64 document bounds
@@ -254,7 +278,7 @@ def compile_all(arch: int, K: int = 128, V: int = 128, only: list[str] | None = 
     target = GPUTarget("cuda", arch, 32)
     out = []
     for name, kernel, constexprs in selected(K, V, only):
-        compiled = triton.compile(source(name, kernel, constexprs), target=target,
+        compiled = triton.compile(source(name, kernel, constexprs, shape_ints(name, K, V)), target=target,
                                   options=launch_options(kernel, constexprs))
         out.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                         num_warps=compiled.metadata.num_warps))
@@ -292,7 +316,7 @@ def report(arch: int, K: int = 128, V: int = 128, only: list[str] | None = None)
     for name, kernel, constexprs in selected(K, V, only):
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
-            compiled = triton.compile(source(name, kernel, constexprs), target=target,
+            compiled = triton.compile(source(name, kernel, constexprs, shape_ints(name, K, V)), target=target,
                                       options=launch_options(kernel, constexprs))
         has_dot = "tt.dot" in compiled.asm["ttir"]
         rows.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
