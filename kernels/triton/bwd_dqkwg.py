@@ -10,7 +10,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, launch, load_gates, load_qk_cols,
-                      load_rows_cols, load_state_rows, mm_mode, pointer, store_rows_cols, store_scalars)
+                      load_rows_cols, load_state_rows, mm_mode, pointer, register_cap, store_rows_cols,
+                      store_scalars)
 
 
 BKS_DQKWG = 16
@@ -27,7 +28,12 @@ NUM_WARPS = 4
 model priced the launch 229 us above 4 warps' two programs per SM at T = 32K,
 HV = 32, though 4 warps then spilled 256 B per thread (charged at HBM rate).
 As a launch at K = V = 128 compiles it (K and V divisible by 16): 178
-registers, no spill (triton 3.6)."""
+registers uncapped, no spill (triton 3.6)."""
+MAX_REGISTERS = 168
+"""ptxas's registers per thread (``maxnreg``): three 4-warp programs per SM,
+no spill under triton 3.6 or 3.9 (sm_90, bf16, K = V = 128); the calibrated
+model: 1,311 us a launch at T = 32K, HV = 32, against 1,423 uncapped (178
+registers, two per SM)."""
 
 @triton.jit
 def bwd_dqkwg_kernel(
@@ -120,5 +126,5 @@ def bwd_dqkwg(
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BKS=BKS_DQKWG, BV=BV_DQKWG, HAS_NORM=q_rstd is not None,
         GATE=gate_params is not None,
-        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, **register_cap(MAX_REGISTERS),
     )

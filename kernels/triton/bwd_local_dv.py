@@ -29,17 +29,19 @@ BV_LOCAL_DV = 32
 """Value columns per tile of dO and dv."""
 
 
-def max_registers(constexprs) -> int | None:
+def max_registers(constexprs) -> int:
     """ptxas's cap per thread (``maxnreg``) for the program of ``constexprs``.
     A program of one value head at 128: 4 warps, four programs per SM, no
     spill under triton 3.6 (8 B per thread under 3.9; 150 registers uncapped:
     three per SM, 317 us a launch at the roofline's shape). A
     pair of value heads (``SHARE = 2``, :func:`._common.heads_per_program`)
-    uncapped: on sm_90 (bf16, K = V = 128, triton 3.6) 239 registers and no
-    spill, two programs per SM (capped at 200 it spills 92 B per thread, at
-    168 220 B); the calibrated model: 265 us a launch at T = 32K, H_qk = 16,
-    HV = 32, against 298 with a program per value head."""
-    return 128 if constexprs["SHARE"] == 1 else None
+    at 168: three programs per SM, no spill (sm_90, bf16, K = V = 128, triton
+    3.6 and 3.9; 232 registers uncapped, two per SM). The calibrated model:
+    237 us a launch at T = 32K, H_qk = 16, HV = 32, against 265 uncapped and
+    298 with a program per value head. (Compiled without the head dims'
+    divisibility the pair took 239 registers, and spilled 92 B per thread
+    capped at 200, 220 B at 168.)"""
+    return 128 if constexprs["SHARE"] == 1 else 168
 
 
 @triton.jit
@@ -91,5 +93,5 @@ def bwd_local_dv(
     launch(bwd_local_dv_kernel)[(index.n_chunks, HV // share)](
         q, k, g, pointer(gate_params, g), do, dv_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        **constexprs, num_warps=NUM_WARPS, **(register_cap(cap) if cap else {}),
+        **constexprs, num_warps=NUM_WARPS, **register_cap(cap),
     )

@@ -16,8 +16,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, causal_decay, chunk_tokens, dot, head_block, launch, load_beta, load_gates,
-                      load_operand, load_qk_cols, load_rows_cols, load_scalars, mm_mode, pointer, store_rows_cols,
-                      store_scalars, value_block)
+                      load_operand, load_qk_cols, load_rows_cols, load_scalars, mm_mode, pointer, register_cap,
+                      store_rows_cols, store_scalars, value_block)
 
 
 BKS_WY = 16
@@ -28,6 +28,11 @@ BV_WY = 16
 16 / 16 it spilled 8 B under 3.6 and none under 3.9 (64 B under 3.6 while the
 first K loop also formed A^T dW; 16 / 32: 320 B; 32 / 16: 1,416 B); as a
 launch at K = V = 128 compiles it, 193 registers and no spill (3.6)."""
+MAX_REGISTERS = 168
+"""ptxas's registers per thread (``maxnreg``): three 4-warp programs per SM;
+16 B per thread of spills under triton 3.6, none under 3.9 (sm_90, bf16,
+K = V = 128). The calibrated model: 990 us a launch at T = 32K, HV = 32,
+against 1,056 uncapped (193 registers, two per SM)."""
 NUM_WARPS = 4
 """Warps per program: at 8 (247 registers, one program per SM) the calibrated
 model priced the launch 184 us above 4 warps' two programs per SM at T = 32K,
@@ -126,4 +131,5 @@ def bwd_wy(
         HAS_NORM=k_rstd is not None,
         GATE=gate_params is not None,
         BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+        **register_cap(MAX_REGISTERS),
     )
