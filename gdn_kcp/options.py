@@ -171,8 +171,8 @@ WALK_OUTPUT_MAX_K = 128
 """The largest key head the walk with the output runs at. On sm_90, compiled
 as a launch specialises the head dims (``compile_specs.shape_ints``), it
 spills nothing at K = V = 128 and 128 x 512, but 160 B per thread at
-K = V = 256 under triton 3.6 (none under 3.9), reloaded every step: its q, w
-and k slices of K / 2 columns barely fit beside the state there (1,724 B
+K = V = 256 under triton 3.6 (212 under 3.9), reloaded every step: its q, w
+and k slices of K / 2 columns do not fit beside the state there (1,724 B
 under 3.9 without the head dims' divisibility), so at K > 128 the forward
 keeps the tape walk and the output until a GPU times both."""
 

@@ -150,10 +150,9 @@ class GdnFunction(torch.autograd.Function):
 MAX_K_TRITON, MAX_V_TRITON = 256, 512
 """The head dims the Triton programs are checked at: FLA's layer defaults
 (head_dim 256, expand_v 2). Every program tiles V (value tiles of 8 to 128)
-and walks hold the state as two ``[K / 2, BV]`` halves; at K = 256 they spill
-nothing under triton 3.9 (sm_90, compiled as a launch specialises the head
-dims; README's table); under 3.6 (the GPU machine's) the adjoint walk spills
-60 B per thread and the adjoint summaries of KCP and segments up to 344."""
+and walks hold the state as two ``[K / 2, BV]`` halves; at K = 256 the
+backward's walks spill up to 508 B per thread (sm_90, triton 3.9, compiled as
+a launch specialises the head dims; README's table; up to 344 under 3.6)."""
 
 
 def check_triton_head_dims(K: int, V: int) -> None:
