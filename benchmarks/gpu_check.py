@@ -217,7 +217,7 @@ def achieved_tflops(kernel_ms: dict, ctx, dims) -> dict:
 
     shape = roofline.shape_of(ctx, *dims)
     elements = roofline.pool_element_sizes(ctx, shape, OptionsKcp(use_qk_l2norm=True))
-    flops = {"gdn_kcp": roofline.kernel_flops(roofline.our_launches(shape, elements)),
+    flops = {"gdn_kcp": roofline.kernel_flops(roofline.our_launches(shape, elements, P=roofline.plan_p(ctx, shape))),
              "fla": roofline.kernel_flops(roofline.fla_launches(shape))}
     return {name: {kernel: round(flops[name][kernel] / (ms * 1e-3) / 1e12, 2)
                    for kernel, ms in rows.items() if kernel in flops[name] and flops[name][kernel] and ms > 0}

@@ -83,6 +83,7 @@ from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import head_block, heads_per_program, walk_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT, kernel_of
+from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
 
 from gdn_kcp import OptionsKcp, build_kcp_context
@@ -168,7 +169,7 @@ class Shape:
 def full_shape() -> tuple[Shape, object, OptionsKcp]:
     """The full shape on a one-rank context of one document, and the options."""
     shape = Shape()
-    ctx = build_kcp_context([0, shape.T])
+    ctx = build_kcp_context([0, shape.T], n_sms=H200.sms)
     return shape_of(ctx, shape.H, shape.HV, shape.K, shape.V), ctx, OptionsKcp(use_qk_l2norm=True)
 
 
@@ -190,19 +191,40 @@ host/backward.py; tests/test_roofline.py checks them)."""
 RECOMPUTED = {"light": ("prep", "tape_walk"), "inverse": ("w_u", "tape_walk"), "full": ()}
 """What the backward runs again before its own programs, per save mode."""
 
+SEGMENT_PHASES = {"walk_output": ("segment_summary", "compose_segments"),
+                  "tape_walk": ("segment_summary", "compose_segments"),
+                  "adjoint_walk": ("adjoint_segment_summary", "compose_adjoints")}
+"""With intra-rank segments (P > 1), what runs before each walk: phase 1 (every
+segment's summary) and phase 2 (their composition into each segment's start
+state or end adjoint; host/segments.py). The forward's phases run right
+after prep, before the scores; a backward that keeps its tapes runs phase 1
+alone (M only, for the adjoints' composition) before everything."""
 
-def our_programs(save_mode: str = "light", K: int = 128) -> dict[str, tuple[str, ...]]:
-    """The programs of one forward and one backward under ``save_mode`` at key head ``K``."""
+
+def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False) -> dict[str, tuple[str, ...]]:
+    """The programs of one forward and one backward under ``save_mode`` at key
+    head ``K``, with intra-rank segments when ``segmented``."""
     fused = walks_with_output(OptionsKcp(save_mode=save_mode), K)
-    return {"fwd": FORWARD_PROGRAMS[fused], "bwd": RECOMPUTED[save_mode] + BACKWARD_PROGRAMS}
+    fwd, bwd = FORWARD_PROGRAMS[fused], RECOMPUTED[save_mode] + BACKWARD_PROGRAMS
+    if not segmented:
+        return {"fwd": fwd, "bwd": bwd}
+
+    def with_phases(names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(x for name in names for x in (*SEGMENT_PHASES.get(name, ()), name))
+
+    fwd = ("prep", *SEGMENT_PHASES[fwd[-1] if fused else fwd[1]], *fwd[1:])
+    bwd = with_phases(bwd) if RECOMPUTED[save_mode] else ("segment_summary", *with_phases(bwd))
+    return {"fwd": fwd, "bwd": bwd}
 
 
-def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> list[Launch]:
-    """Every Triton launch of :func:`our_programs` under ``save_mode``; ``e``:
+def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: int = 1) -> list[Launch]:
+    """Every Triton launch of :func:`our_programs` under ``save_mode`` with P
+    intra-rank segments per fragment (the plan's: :func:`plan_p`); ``e``:
     bytes per element of each pool (and saved tape)."""
     C, K, V, HV, H, NC = s.C, s.K, s.V, s.HV, s.H, s.NC
     BC, BW = INVERSE_BLOCK, walk_block(V)  # BW: the walks' value tile
     NW, G, n = -(-V // BW), HV // H, BF16
+    F, steps = s.fragments * P, -(-s.chunks_per_fragment // P)  # walks: a program per segment, ceil(n / P) steps
     qk = 2 * C * K * n + 2 * C * e["q_rstd"]  # q and k rows of a chunk, with their norms
 
     def prep(phase: str) -> list[Launch]:
@@ -229,7 +251,23 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
     def tape_walk(phase: str) -> list[Launch]:
         step = Work(bf16=2 * (2 * C * K * BW), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
                     + 2 * C * BW * e["v_new"] + K * BW * e["h"])
-        return [walk(phase, "tape_walk_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
+        return [walk(phase, "tape_walk_kernel", F * HV * NW, steps, step)]
+
+    def segment_summary(phase: str) -> list[Launch]:  # [S | M] of every segment (M alone where tapes are kept)
+        width = K if phase == "bwd" and save_mode == "full" else V + K
+        SB = walk_block(V + K)
+        step = Work(bf16=2 * (2 * C * K * SB), bytes=C * K * n + C * e["k_rstd"] + C * n + C * K * e["w"]
+                    + C * SB * e["v_new"])
+        return [walk(phase, "segment_summary_kernel", F * HV * -(-width // SB), steps, step)]
+
+    def compose(kernel: str, phase: str) -> list[Launch]:  # P exact fp32 steps of [K, K] x [K, 16] per program
+        BV = min(BV_COMPOSE, V)
+        step = Work(fp32=2 * K * K * BV, bytes=(K * K + 2 * K * BV) * F32)
+        return [walk(phase, kernel, s.fragments * HV * -(-V // BV), P, step)]
+
+    def adjoint_segment_summary(phase: str) -> list[Launch]:  # the adjoint walk's step, nothing stored
+        step = Work(bf16=3 * (2 * C * K * BW), bytes=qk + C * n + C * K * e["w"] + C * BW * n + C * BW * e["dv_new"])
+        return [walk(phase, "adjoint_segment_summary_kernel", F * HV * NW, steps, step)]
 
     def output(phase: str) -> list[Launch]:  # one program per chunk and head walks the value tiles
         work = Work(bf16=2 * C * C * K + 2 * C * K * V + 2 * C * C * V,
@@ -243,7 +281,7 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
     def walk_output(phase: str) -> list[Launch]:  # the tape walk's step, then diag(gamma) Q S and P Vn into o
         step = Work(bf16=3 * (2 * C * K * BW) + 2 * C * C * BW,
                     bytes=qk + C * n + C * K * e["w"] + C * BW * e["v_new"] + C * C * e["scores"] + C * BW * n)
-        return [walk(phase, "walk_output_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
+        return [walk(phase, "walk_output_kernel", F * HV * NW, steps, step)]
 
     def bwd_local_dv(phase: str) -> list[Launch]:  # a program per chunk and head, or pair of a key head's heads
         pair = heads_per_program(H, HV)
@@ -255,7 +293,7 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
     def adjoint_walk(phase: str) -> list[Launch]:
         step = Work(bf16=3 * (2 * C * K * BW), bytes=qk + C * n + C * K * e["w"] + C * BW * n
                     + 2 * C * BW * e["dv_new"] + K * BW * e["dh"])
-        return [walk(phase, "adjoint_walk_kernel", s.fragments * HV * NW, s.chunks_per_fragment, step)]
+        return [walk(phase, "adjoint_walk_kernel", F * HV * NW, steps, step)]
 
     def bwd_dqkwg(phase: str) -> list[Launch]:
         # dO Vn^T; the state terms of dq, dk, dw; the score terms of dq, dk
@@ -281,9 +319,17 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light") -> li
     programs = {"prep": prep, "w_u": w_u, "tape_walk": tape_walk, "output": output, "scores": scores,
                 "walk_output": walk_output, "bwd_local_dv": bwd_local_dv,
                 "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
-                "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm}
-    return [launch for phase, names in our_programs(save_mode, K).items() for name in names
+                "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm,
+                "segment_summary": segment_summary, "adjoint_segment_summary": adjoint_segment_summary,
+                "compose_segments": lambda phase: compose("compose_segments_kernel", phase),
+                "compose_adjoints": lambda phase: compose("compose_adjoints_kernel", phase)}
+    return [launch for phase, names in our_programs(save_mode, K, P > 1).items() for name in names
             for launch in programs[name](phase)]
+
+
+def plan_p(ctx, s: Shape) -> int:
+    """The intra-rank segments the default options run at (``gdn_kcp.plan``)."""
+    return plan_segments(ctx, s.HV, s.K, s.V)
 
 
 def walk_latency(facts: Mapping[str, Mapping], P: int, m: Machine = H200, s: Shape | None = None) -> float:
@@ -597,21 +643,23 @@ def calibration_markdown(table: list[dict]) -> str:
 
 
 def shape_context(s: Shape):
-    """A one-rank context of the documents of shape ``s``."""
+    """A one-rank context of the documents of shape ``s``, on the H200's SMs
+    (whose count the segment plan fills)."""
     per_doc = -(-s.T // s.fragments)
-    return build_kcp_context(list(range(0, s.T, per_doc)) + [s.T])
+    return build_kcp_context(list(range(0, s.T, per_doc)) + [s.T], n_sms=H200.sms)
 
 
 def our_shape_launches(s: Shape, save_mode: str = "light") -> list[Launch]:
     """Our launches at shape ``s`` (pool dtypes from the light layout of its
     context: a saved tape has its pool's dtype)."""
-    return our_launches(s, pool_element_sizes(shape_context(s), s, OptionsKcp(use_qk_l2norm=True)), save_mode)
+    ctx = shape_context(s)
+    return our_launches(s, pool_element_sizes(ctx, s, OptionsKcp(use_qk_l2norm=True)), save_mode, plan_p(ctx, s))
 
 
 def our_full_launches() -> tuple[Shape, list[Launch]]:
     """The full shape and our launches at it (pool dtypes from the layout)."""
     shape, ctx, options = full_shape()
-    return shape, our_launches(shape, pool_element_sizes(ctx, shape, options))
+    return shape, our_launches(shape, pool_element_sizes(ctx, shape, options), P=plan_p(ctx, shape))
 
 
 def our_estimate(facts: Mapping[str, Mapping], m: Machine = H200) -> dict:

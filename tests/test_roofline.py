@@ -187,7 +187,8 @@ def test_the_same_math_counts_the_same_flops():
         return x.programs * x.work.bf16
 
     # FLA forms K K^T for its gate sums; ours takes them from dL K and (diag(beta) dL)^T K
-    kk = roofline.Shape().NC * roofline.Shape().HV * 2 * 64 * 64 * 128
+    s = roofline.Shape()
+    kk = s.NC * s.HV * 2 * s.C * s.C * s.K
     assert flops(ours, "bwd_wy_kernel") + kk == flops(fla, "prepare_wy_repr_bwd_kernel")
     fla_o128 = roofline.fla_launches(roofline.Shape(), {"chunk_fwd_kernel_o": dict(BK=128, BV=128)})
     full = roofline.our_launches(roofline.Shape(), POOLS, "full")
@@ -201,15 +202,21 @@ def test_the_same_math_counts_the_same_flops():
     assert flops(ours, "adjoint_walk_kernel") == flops(fla, "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64")
 
 
-@pytest.mark.parametrize("save_mode, K", [("light", 16), ("inverse", 16), ("full", 16), ("light", 256)])
-def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K):
+@pytest.mark.parametrize("save_mode, K, segments", [
+    ("light", 16, None), ("inverse", 16, None), ("full", 16, None), ("light", 256, None),
+    ("light", 16, 4), ("inverse", 16, 4), ("full", 16, 4), ("light", 256, 4),
+])
+def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K, segments):
     """roofline.our_programs against the torch programs one forward+backward
     calls (one rank, one document, the L2 norm) under each save mode, and at
-    K = 256, where the forward keeps the tape walk and the output; prep
-    writes A wherever it runs (its W, U launch reads it back)."""
+    K = 256, where the forward keeps the tape walk and the output, without
+    and with intra-rank segments (P = 4 over 21 chunks: each walk's phases 1
+    and 2 before it); prep writes A wherever it runs (its W, U launch reads
+    it back)."""
     from gdn_kcp.kernels import torch as programs
 
     from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
+    from gdn_kcp.plan import plan_segments
 
     calls = []
 
@@ -221,16 +228,18 @@ def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K):
 
     for name in programs.__all__:
         monkeypatch.setattr(programs, name, recorded(name, getattr(programs, name)))
-    T, gen = 130, torch.Generator().manual_seed(0)
+    T, gen = (130 if segments is None else 1300), torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, T, 1, K, generator=gen).requires_grad_() for _ in range(2))
     v = torch.randn(1, T, 2, 16, generator=gen).requires_grad_()
     g = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, generator=gen)).requires_grad_()
     beta = torch.rand(1, T, 2, generator=gen).requires_grad_()
-    options = OptionsKcp(save_mode=save_mode, use_qk_l2norm=True)
-    o, _ = gdn_kcp(q, k, v, g, beta, build_kcp_context([0, T]), options=options)
+    options = OptionsKcp(save_mode=save_mode, use_qk_l2norm=True, segments=segments)
+    ctx = build_kcp_context([0, T])
+    assert segments is not None or plan_segments(ctx, 2, K, 16) == 1
+    o, _ = gdn_kcp(q, k, v, g, beta, ctx, options=options)
     forward = len(calls)
     o.sum().backward()
-    expected = roofline.our_programs(save_mode, K)
+    expected = roofline.our_programs(save_mode, K, segments is not None)
     assert ("walk_output" in expected["fwd"]) == (save_mode != "full" and K <= 128)
     assert [name for name, _ in calls[:forward]] == list(expected["fwd"])
     assert [name for name, _ in calls[forward:]] == list(expected["bwd"])
@@ -352,3 +361,42 @@ def test_walk_latency_over_segments():
     assert (summary.programs, summary.steps) == (4 * 32 * 8, 128)  # P HV (V + K) / 32 tiles, n / P steps
     assert (compose.programs, compose.steps) == (32 * 128 // 16, 4)  # value tiles of 16
     assert (walk.programs, walk.steps) == (4 * 32 * 4, 128)
+
+
+def test_ours_runs_the_plans_segments():
+    """Our estimate runs the walks at the plan's P (the default options): at
+    HV = 8 on one document of 32,768 tokens, P = 4, and the forward's walk
+    launches are the plan's own (``gdn_kcp.plan.walk_launches``: one cost
+    model). The backward walks its tapes and adjoints over the same segments,
+    each after its phases 1 and 2; at HV = 32 the plan keeps P = 1."""
+    from gdn_kcp.plan import walk_launches
+
+    s = roofline.model_shape(32768, 1, 2, 8)
+    launches = roofline.our_shape_launches(s)
+    assert roofline.plan_p(roofline.shape_context(s), s) == 4
+    fwd = [x for x in launches if x.phase == "fwd" and x.kernel in roofline.WALK_KERNELS]
+    assert fwd == [launch for launch, _ in walk_launches(4, chunks=512, frags=1, HV=8, K=128, V=128)]
+    bwd = [(x.kernel, x.programs, x.steps) for x in launches if x.phase == "bwd" and x.steps and x.kernel in (
+        "segment_summary_kernel", "compose_segments_kernel", "tape_walk_kernel", "adjoint_segment_summary_kernel",
+        "compose_adjoints_kernel", "adjoint_walk_kernel")]
+    assert bwd == [("segment_summary_kernel", 4 * 8 * 8, 128), ("compose_segments_kernel", 8 * 8, 4),
+                   ("tape_walk_kernel", 4 * 8 * 4, 128), ("adjoint_segment_summary_kernel", 4 * 8 * 4, 128),
+                   ("compose_adjoints_kernel", 8 * 8, 4), ("adjoint_walk_kernel", 4 * 8 * 4, 128)]
+    wide = roofline.model_shape(32768, 1, 16, 32)
+    assert roofline.plan_p(roofline.shape_context(wide), wide) == 1
+    assert not any("segment" in x.kernel or "compose" in x.kernel for x in roofline.our_shape_launches(wide))
+
+
+def test_docs_state_the_estimates_at_fewer_heads():
+    """docs/cuda.md's table of ours against FLA at fewer heads (one document
+    of 32,768 tokens, the plan's P) is the script's."""
+    from doc_tables import doc
+
+    text, facts = doc("cuda.md"), roofline.load_facts()
+    for H, HV in ((16, 32), (4, 8), (2, 8), (1, 4)):
+        s = roofline.model_shape(32768, 1, H, HV)
+        r = roofline.compare(s, facts)
+        ours, fla = (r[k]["forward_ms"] + r[k]["backward_ms"] for k in ("ours", "fla"))
+        row = (f"| {H} | {HV} | {roofline.plan_p(roofline.shape_context(s), s)} | {ours:.2f} | {fla:.2f} | "
+               f"{ours / fla:.2f} |")
+        assert row in text, row

@@ -77,10 +77,10 @@ HEAD_SIZES = [(128, 128), (256, 256), (128, 512)]
 """The (K, V) columns of the README's spill table."""
 
 
-def readme_spills(column: int) -> dict[str, int] | None:
+def readme_spills(column: int, any_triton: bool = False) -> dict[str, int] | None:
     """The README's spill stores per kernel at ``HEAD_SIZES[column]`` (a kernel it
     does not list spills nothing), or None when the installed triton is not the
-    one it names."""
+    one it names (unless ``any_triton``)."""
     import re
 
     import triton
@@ -88,7 +88,7 @@ def readme_spills(column: int) -> dict[str, int] | None:
 
     version = re.search(r"ptxas of triton (\S+);", paragraph_before("head-size-spills"))
     assert version, "the README names the triton of its spill table"
-    if version[1] != triton.__version__:
+    if version[1] != triton.__version__ and not any_triton:
         return None
     return {cells[0]: int(cells[1 + column].replace(",", "")) for cells in table_rows("head-size-spills")
             if cells[0] != "kernel"}
@@ -128,12 +128,14 @@ def test_every_kernel_compiles_at_fla_head_sizes(tmp_path, column):
 @pytest.mark.parametrize("K, V", [(256, 256), (128, 512)])
 def test_decode_kernels_compile_at_fla_head_sizes(tmp_path, K, V):
     """The decode step programs at the larger head sizes of the compile check:
-    within shared memory and the spill limit, with the README's spills (on its
-    triton; the K = V = 128 case is in the table above)."""
+    within shared memory; no spill but where the README lists one (within the
+    spill limit on any triton, its figure on the README's; the K = V = 128
+    case is in the table above)."""
     rows = compile_kernels(90, tmp_path, True, "--K", str(K), "--V", str(V), "--kernels", DECODE_KERNELS)
     assert [r["kernel"] for r in rows] == DECODE_KERNELS.split(",")
-    assert all(r["registers"] > 0 and r["spill_stores"] <= SPILL_LIMIT and r["shared"] <= SHARED_MEMORY_LIMIT
-               for r in rows), rows
+    listed = {name for name, spill in readme_spills(HEAD_SIZES.index((K, V)), any_triton=True).items() if spill}
+    assert all(r["registers"] > 0 and r["shared"] <= SHARED_MEMORY_LIMIT for r in rows), rows
+    assert all(r["spill_stores"] <= (SPILL_LIMIT if r["kernel"] in listed else 0) for r in rows), rows
     stated = readme_spills(HEAD_SIZES.index((K, V)))
     if stated is not None:
         assert {r["kernel"]: r["spill_stores"] for r in rows} == {r["kernel"]: stated.get(r["kernel"], 0) for r in rows}

@@ -32,7 +32,7 @@ BV_LOCAL_DV = 32
 def max_registers(constexprs) -> int:
     """ptxas's cap per thread (``maxnreg``) for the program of ``constexprs``.
     A program of one value head at 128: 4 warps, four programs per SM, no
-    spill under triton 3.6 (8 B per thread under 3.9; 150 registers uncapped:
+    spill under triton 3.6 (106 registers; 150 uncapped:
     three per SM, 317 us a launch at the roofline's shape). A
     pair of value heads (``SHARE = 2``, :func:`._common.heads_per_program`)
     at 168: three programs per SM, no spill (sm_90, bf16, K = V = 128, triton

@@ -223,10 +223,16 @@ def kernel_of(name: str) -> str:
 
 def shape_ints(name: str, K: int, V: int) -> dict[str, int]:
     """The int arguments whose values the head dims fix, whatever the stream:
-    K, V, and the width of a ``[S | M]`` plane's block (``WIDTH``: V, or K for
-    the ``[M]`` variants). The rest (chunk, fragment and token counts, head
-    counts, strides, channels) vary per call and stay unspecialised."""
-    return {"K": K, "V": V, "WIDTH": K if name.endswith("[M]") else V}
+    K, V; a ``[S | M]`` plane block's width (``WIDTH``: V, or K for the
+    ``[M]`` variants), column offset (``out_col``) and strides (``stride_k``,
+    ``stride_h``: rows of V + K columns); the channels ``D`` of the q / k norm
+    (K) and of the convolutions (``2 H_qk K + HV V``, here at one key head and
+    two value heads). Each is a multiple of 16 whenever K and V are, at any
+    head count. The counts of a stream (chunks, fragments, rows, tokens) and
+    the head counts vary per call and stay unspecialised."""
+    M = name.endswith("[M]")
+    return {"K": K, "V": V, "WIDTH": K if M else V, "out_col": V if M else 0, "stride_k": V + K,
+            "stride_h": K * (V + K), "D": K if kernel_of(name) == "l2_rstd_kernel" else 2 * K + 2 * V}
 
 
 def source(name: str, kernel, constexprs: dict, ints: dict[str, int] | None = None) -> triton.compiler.ASTSource:
