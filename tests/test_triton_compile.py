@@ -175,3 +175,30 @@ def test_every_kernel_compiles_for_sm100(tmp_path):
     rows = compile_kernels(100, tmp_path)
     assert len(rows) == N_KERNELS
     assert all(r["shared"] <= SHARED_MEMORY_LIMIT for r in rows), rows
+
+
+def test_specs_specialise_the_ints_a_launch_specialises():
+    """Each spec compiles as a launch at its head dims specialises it: the ints
+    K and V fix get ``tt.divisibility`` 16 exactly when 16 divides their value
+    (triton's rule for an int argument); a stream's counts and the head counts
+    get none. At (K, V) = (128, 512) an ``[M]`` block is K wide and starts at
+    column V, an S block V wide at 0; at K = 72 neither K nor a row of the
+    plane (V + K = 584 columns) is divisible, its 72 rows (42,048) are."""
+    import triton
+
+    from gdn_kcp.kernels.triton.compile_specs import kernels, shape_ints, source
+
+    def jit(kernel):  # under TRITON_INTERPRET the kernels are interpreted functions; the spec reads a JITFunction's
+        return kernel if hasattr(kernel, "params") else triton.runtime.jit.JITFunction(kernel.fn)
+
+    specs = {name: (jit(kernel), constexprs) for name, kernel, constexprs in kernels(128, 512)}
+    assert shape_ints("summary_walk_kernel[M]", 128, 512)["WIDTH"] == 128
+    assert shape_ints("summary_walk_kernel", 128, 512)["WIDTH"] == 512
+    assert (shape_ints("summary_walk_kernel[M]", 128, 512)["out_col"], shape_ints("l2_rstd_kernel", 128, 512)["D"]) \
+        == (512, 128)
+    for K, expected in ((128, {"K", "V", "WIDTH", "stride_h", "stride_k", "out_col"}), (72, {"V", "WIDTH", "out_col", "stride_h"})):
+        kernel, constexprs = specs["summary_walk_kernel"]
+        attrs = source("summary_walk_kernel", kernel, constexprs, shape_ints("summary_walk_kernel", K, 512)).attrs
+        divisible = {p.name for i, p in enumerate(kernel.params) if (i,) in attrs}
+        assert divisible - {"k", "w", "u", "g", "gate_params", "k_rstd", "chunk_table", "frag_table",
+                            "initial_state", "out"} == expected, (K, divisible)
