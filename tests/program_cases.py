@@ -81,6 +81,10 @@ def run_programs(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, 
     programs.summary_walk(k, out["w"], out["u"], g, index, k_rstd=norms["k_rstd"], initial_state=state0,
                           summary_out=summary)
     out["summary"] = summary
+    s_only = new(1, HV, K, V)  # a rank whose crossing-out fragment does not cross in: S_loc alone, no M launch
+    programs.summary_walk(k, out["w"], out["u"], g, index, k_rstd=norms["k_rstd"], initial_state=state0,
+                          summary_out=s_only)
+    assert torch.equal(s_only, summary[..., :V])
     s_in = randn(1, HV, K, V) if crossing else None
     out.update(h=new(index.n_chunks, HV, K, V, pool="h"), v_new=out["u"].clone(), final=new(N, HV, K, V))
     programs.tape_walk(k, out["w"], out["v_new"], g, index, k_rstd=norms["k_rstd"],
