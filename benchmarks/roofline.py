@@ -212,7 +212,8 @@ def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False
     def with_phases(names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(x for name in names for x in (*SEGMENT_PHASES.get(name, ()), name))
 
-    fwd = ("prep", *SEGMENT_PHASES[fwd[-1] if fused else fwd[1]], *fwd[1:])
+    walk = next(name for name in fwd if name in SEGMENT_PHASES)  # the forward's phases run right after prep
+    fwd = (fwd[0], *SEGMENT_PHASES[walk], *fwd[1:])
     bwd = with_phases(bwd) if RECOMPUTED[save_mode] else ("segment_summary", *with_phases(bwd))
     return {"fwd": fwd, "bwd": bwd}
 

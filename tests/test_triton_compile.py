@@ -198,7 +198,7 @@ def test_specs_specialise_the_ints_a_launch_specialises():
         == (512, 128)
     for K, expected in ((128, {"K", "V", "WIDTH", "stride_h", "stride_k", "out_col"}), (72, {"V", "WIDTH", "out_col", "stride_h"})):
         kernel, constexprs = specs["summary_walk_kernel"]
-        attrs = source("summary_walk_kernel", kernel, constexprs, shape_ints("summary_walk_kernel", K, 512)).attrs
+        attrs = source("summary_walk_kernel", kernel, constexprs, K, 512).attrs
         divisible = {p.name for i, p in enumerate(kernel.params) if (i,) in attrs}
         assert divisible - {"k", "w", "u", "g", "gate_params", "k_rstd", "chunk_table", "frag_table",
                             "initial_state", "out"} == expected, (K, divisible)

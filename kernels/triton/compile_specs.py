@@ -235,18 +235,18 @@ def shape_ints(name: str, K: int, V: int) -> dict[str, int]:
             "stride_h": K * (V + K), "D": K if kernel_of(name) == "l2_rstd_kernel" else 2 * K + 2 * V}
 
 
-def source(name: str, kernel, constexprs: dict, ints: dict[str, int] | None = None) -> triton.compiler.ASTSource:
-    """The kernel as a launch specialises it: every pointer 16-byte aligned
-    (``tt.divisibility``; tensors and workspace pools start on 256-byte
-    boundaries), and each int of ``ints`` (:func:`shape_ints`) as triton
-    specialises its value at a launch: ``tt.divisibility`` 16 when 16 divides
+def source(name: str, kernel, constexprs: dict, K: int, V: int) -> triton.compiler.ASTSource:
+    """The kernel as a launch at head dims (K, V) specialises it: every pointer
+    16-byte aligned (``tt.divisibility``; tensors and workspace pools start on
+    256-byte boundaries), and each int the head dims fix (:func:`shape_ints`)
+    as triton specialises its value at a launch: ``tt.divisibility`` 16 when 16 divides
     it (``BaseBackend.get_int_specialization``). That is what a launch at
     K = V = 128 compiles: without it, ptxas gave bwd_dqkwg 255 registers and
     256 B per thread of spills (triton 3.6), with it 178 and none, since the
     rows' addresses are then known to be 16-byte aligned. Other ints stay
     unspecialised (a stream's counts vary per call)."""
     inputs = INPUT_POINTERS[kernel_of(name)]
-    ints = ints or {}
+    ints = shape_ints(name, K, V)
     signature, attrs = {}, {}
     for i, param in enumerate(kernel.params):
         if not param.is_constexpr and param.name not in FLOATS | INTS:
@@ -284,7 +284,7 @@ def compile_all(arch: int, K: int = 128, V: int = 128, only: list[str] | None = 
     target = GPUTarget("cuda", arch, 32)
     out = []
     for name, kernel, constexprs in selected(K, V, only):
-        compiled = triton.compile(source(name, kernel, constexprs, shape_ints(name, K, V)), target=target,
+        compiled = triton.compile(source(name, kernel, constexprs, K, V), target=target,
                                   options=launch_options(kernel, constexprs))
         out.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
                         num_warps=compiled.metadata.num_warps))
@@ -322,7 +322,7 @@ def report(arch: int, K: int = 128, V: int = 128, only: list[str] | None = None)
     for name, kernel, constexprs in selected(K, V, only):
         log = io.StringIO()
         with contextlib.redirect_stdout(log):
-            compiled = triton.compile(source(name, kernel, constexprs, shape_ints(name, K, V)), target=target,
+            compiled = triton.compile(source(name, kernel, constexprs, K, V), target=target,
                                       options=launch_options(kernel, constexprs))
         has_dot = "tt.dot" in compiled.asm["ttir"]
         rows.append(dict(kernel=name, arch=arch, K=K, V=V, shared=compiled.metadata.shared,
