@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check gpu-check clean
+.PHONY: demo test precision bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo: $(VENV)/.base
 # Two workers, a test file each at a time (pytest-xdist): 16 minutes on 2 cores, 20 in one process.
 test: $(VENV)/.test
 	$(PY) -m pytest -n 2 --dist loadfile
+
+# The precision table (docs/testing.md): every output and gradient in fp16 and bf16 against the fp32 naive
+# recurrence on FLA's test_chunk grid and ours, with the tolerances and FLA's kernels' figures (a few minutes).
+precision: $(VENV)/.test
+	$(PY) tests/precision_grid.py --triton
 
 bench-cpu: $(VENV)/.base
 	$(PY) benchmarks/cpu_chunk.py

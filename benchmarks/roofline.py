@@ -267,7 +267,8 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
         return [walk(phase, kernel, s.fragments * HV * -(-V // BV), P, step)]
 
     def adjoint_segment_summary(phase: str) -> list[Launch]:  # the adjoint walk's step, nothing stored
-        step = Work(bf16=3 * (2 * C * K * BW), bytes=qk + C * n + C * K * e["w"] + C * BW * n + C * BW * e["dv_new"])
+        step = Work(bf16=2 * (2 * C * K * BW), tf32=2 * C * K * BW,
+                    bytes=qk + C * n + C * K * e["w"] + C * BW * n + C * BW * e["dv_new"])
         return [walk(phase, "adjoint_segment_summary_kernel", F * HV * NW, steps, step)]
 
     def output(phase: str) -> list[Launch]:  # one program per chunk and head walks the value tiles
@@ -291,20 +292,22 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
         return [Launch(phase, "bwd_local_dv_kernel" if pair > 1 else "bwd_local_dv_kernel[one head]", NC * HV // pair,
                        work)]
 
-    def adjoint_walk(phase: str) -> list[Launch]:
-        step = Work(bf16=3 * (2 * C * K * BW), bytes=qk + C * n + C * K * e["w"] + C * BW * n
+    def adjoint_walk(phase: str) -> list[Launch]:  # K dS and W^T dVn in bf16, the pull Q^T dO in tf32
+        step = Work(bf16=2 * (2 * C * K * BW), tf32=2 * C * K * BW, bytes=qk + C * n + C * K * e["w"] + C * BW * n
                     + 2 * C * BW * e["dv_new"] + K * BW * e["dh"])
         return [walk(phase, "adjoint_walk_kernel", F * HV * NW, steps, step)]
 
     def bwd_dqkwg(phase: str) -> list[Launch]:
-        # dO Vn^T; the state terms of dq, dk, dw; the score terms of dq, dk
-        work = Work(bf16=2 * C * C * V + 3 * (2 * C * K * V) + 2 * (2 * C * C * K),
+        # dO Vn^T; the state terms of dq, dk, dw; Q K^T (its own pass over q and k: dG's score terms are
+        # the sums of one matrix dP * P); the score terms of dq, dk
+        work = Work(bf16=2 * C * C * V + 3 * (2 * C * K * V) + 3 * (2 * C * C * K),
                     bytes=C * n + C * V * (n + e["v_new"] + e["dv_new"]) + K * V * (e["h"] + e["dh"]) + qk
                     + C * K * (e["dq_heads"] + e["dk_heads"] + e["dw"]) + C * e["dgcum"])
         return [Launch(phase, "bwd_dqkwg_kernel", NC * HV, work)]
 
     def bwd_wy(phase: str) -> list[Launch]:
-        # dA from dW and dU; A^T dW and A^T dU; A^T dA A^T; dL K and (diag(beta) dL)^T K
+        # dA from dW and dU; A^T dW and A^T dU; A^T dA A^T; K K^T (its own pass over k: dL * L as one
+        # matrix) and (diag(beta) dL + its transpose) K
         work = Work(bf16=2 * C * C * (4 * K + 2 * V + 2 * C),
                     bytes=2 * C * n + C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * K * e["dw"] + C * V * n
                     + C * V * e["dv_new"] + 2 * C * K * e["dk_heads"] + 2 * C * e["dgcum"] + C * V * n + C * n)

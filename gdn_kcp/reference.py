@@ -57,26 +57,29 @@ def naive_recurrence(
         k = k * torch.rsqrt(k.square().sum(-1, keepdim=True) + L2NORM_EPS)
     q = q.repeat_interleave(HV // H_qk, dim=2)
     k = k.repeat_interleave(HV // H_qk, dim=2)
-    if cu_seqlens is None:
-        docs = [(b, 0, T) for b in range(B)]
+    if cu_seqlens is None:  # B documents of T tokens, walked together
+        groups = [(list(range(B)), 0, T)]
     else:
         bounds = [int(x) for x in cu_seqlens.tolist()]
-        docs = [(0, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+        groups = [([0], bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
     outputs, finals = [], []
-    for n, (b, start, end) in enumerate(docs):
+    for n, (rows, start, end) in enumerate(groups):
+        docs = range(B) if cu_seqlens is None else [n]
         if initial_state is not None:
-            S = initial_state[n].to(compute_dtype)
+            S = initial_state[list(docs)].to(compute_dtype)
         else:
-            S = q.new_zeros(HV, K, v.shape[3])
+            S = q.new_zeros(len(docs), HV, K, v.shape[3])
         for t in range(start, end):
-            k_t, beta_t = k[b, t], beta[b, t][:, None, None]
-            erased = S - beta_t * k_t[:, :, None] * (k_t[:, None, :] @ S)
-            S = torch.exp(g[b, t])[:, None, None] * erased + beta_t * k_t[:, :, None] * v[b, t][:, None, :]
-            outputs.append(scale * (q[b, t][:, None, :] @ S)[:, 0, :])
-        finals.append(S)
-    if outputs:
-        o = torch.stack(outputs).view(B, T, HV, -1)
+            k_t, beta_t = k[rows, t], beta[rows, t][..., None, None]
+            erased = S - beta_t * k_t[..., :, None] * (k_t[..., None, :] @ S)
+            S = torch.exp(g[rows, t])[..., None, None] * erased + beta_t * k_t[..., :, None] * v[rows, t][..., None, :]
+            outputs.append(scale * (q[rows, t][..., None, :] @ S)[..., 0, :])
+        finals.extend(S.unbind(0))
+    if outputs and cu_seqlens is None:
+        o = torch.stack(outputs, dim=1)
+    elif outputs:
+        o = torch.cat(outputs).view(B, T, HV, -1)
     else:
         o = v.new_zeros(B, T, HV, v.shape[3])
     final_state = torch.stack(finals) if output_final_state and finals else None

@@ -41,6 +41,24 @@ def matmul_mode(dtype: torch.dtype) -> str:
     return "ieee"
 
 
+def pull_mode(mode: str) -> str:
+    """The rule of the adjoint walks' pull ``scale (diag(gamma) Q)^T dO`` for
+    products under ``mode``: tf32 where they are bf16 / fp16, else ``mode``.
+
+    The pull's operands are fp32 values no input carries (the decay and the
+    scale go on dO, the norm on q), and its sum is the initial-state gradient,
+    the adjoint that crosses ranks under KCP. Rounded to bf16 they made that
+    gradient err 39 % more than flash-linear-attention's (3.13e-3 against
+    2.25e-3 on its B2 T500 H3 HV3 case, tests/precision_grid.py); read as tf32,
+    2.17e-3 (exact fp32: 2.14e-3). FLA's own kernel multiplies the same fp32
+    tiles, which its ``tl.dot`` reads as tf32 on the GPU. In fp16 tf32 keeps
+    fp16's 10 mantissa bits: 0.42e-3 there, against 0.30e-3 exact (and FLA's
+    0.29e-3, measured under Triton's interpreter, which multiplies fp32
+    exactly). Three tf32 products (``"tf32x3"``, fp32's accuracy) spilled 280 B
+    per thread in the adjoint walk on sm_90 (triton 3.6), one none."""
+    return "tf32" if mode in ("bf16", "fp16") else mode
+
+
 def _round_tf32(x: torch.Tensor) -> torch.Tensor:
     """fp32 rounded to tf32's 10 mantissa bits (to nearest, ties away), as the
     tensor cores read it."""

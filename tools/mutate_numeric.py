@@ -14,6 +14,14 @@ constants are left alone):
   flag      ``True`` <-> ``False`` as a keyword argument; ``not x`` -> ``x``
   operand   ``a - b`` -> ``b - a``; the first two arguments of a product
             (``tl.dot``, ``mm``, ``torch.matmul``, ``torch.einsum`` operands) swapped
+  narrow    a reduction's summands (``x.sum(...)``, ``tl.sum(x, ...)``) rounded
+            to the input dtype, where the function names the precision rule
+            (``mode`` in a torch program, the ``MM`` constexpr in a Triton one)
+  cancel    in ``a - y.sum(...)`` with a reduction on both sides, the right
+            side's summands rounded to the input dtype (as ``narrow``): the two
+            sides of a difference that should cancel, rounded differently, as
+            a gate gradient summed from dq's and dk's products was (killed by
+            the precision table, tests/test_precision_table.py)
 Every candidate of every file is listed (``--list``); a fixed-seed sample of
 ``--sample`` mutants is drawn round-robin over the files (each file's
 candidates shuffled by the seed), so every file gets its share. Each runs
@@ -42,6 +50,9 @@ SOURCES = ("kernels", "gdn_kcp/host", "gdn_kcp/exchange", "gdn_kcp/layers")
 SKIPPED = ("kernels/triton/compile_specs.py",)
 """Compile facts for the sm_90 check, not numerics."""
 
+PRECISION_TESTS = ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_precision_table.py")
+TRITON_PRECISION_TESTS = "tests/test_precision_table.py::test_triton_programs"
+
 TEST_MAP = {
     "kernels/torch/short_conv.py": ("tests/test_short_conv.py", "tests/test_recurrent.py"),
     "kernels/torch/recurrent.py": ("tests/test_recurrent.py", "tests/test_layer_decode.py"),
@@ -57,6 +68,10 @@ TEST_MAP = {
                                       "tests/test_segments.py"),  # the walks' carry planes: segments only
     # the output program runs only in a forward that keeps its tapes (save_mode="full") or at K > 128
     "kernels/torch/output.py": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_save_modes.py"),
+    # the gate gradient's sums and the adjoint's pull: low precision is where they go wrong
+    "kernels/torch/bwd_dqkwg.py": PRECISION_TESTS,
+    "kernels/torch/bwd_wy.py": PRECISION_TESTS,
+    "kernels/torch/_walk.py": PRECISION_TESTS,
     "kernels/torch/": ("tests/test_programs.py", "tests/test_chunk_vs_oracle.py", "tests/test_wy_inverse.py"),
     "kernels/triton/short_conv.py": ("tests/test_short_conv.py", "tests/test_recurrent.py"),
     "kernels/triton/recurrent.py": ("tests/test_recurrent.py",),
@@ -64,6 +79,9 @@ TEST_MAP = {
     "kernels/triton/wy_inverse.py": ("tests/test_wy_inverse.py", "tests/test_triton_programs.py"),
     "kernels/triton/_common.py": ("tests/test_triton_programs.py", "tests/test_gate_keywords.py"),  # the gate loads
     "kernels/triton/traced_launches.py": ("tests/test_traced_triton.py",),  # the launches on fake CUDA tensors
+    "kernels/triton/bwd_dqkwg.py": ("tests/test_triton_programs.py", TRITON_PRECISION_TESTS),
+    "kernels/triton/bwd_wy.py": ("tests/test_triton_programs.py", TRITON_PRECISION_TESTS),
+    "kernels/triton/adjoint_walk.py": ("tests/test_triton_programs.py", TRITON_PRECISION_TESTS),
     "kernels/triton/": ("tests/test_triton_programs.py",),
     "kernels/segments.py": ("tests/test_segments.py",),
     "kernels/precision.py": ("tests/test_precision.py", "tests/test_programs.py"),
@@ -106,6 +124,7 @@ EQUIVALENT: dict[str, str] = {
 """Survivors that compute the same numbers, by mutant description, with why."""
 
 PRODUCTS = {"dot", "mm", "matmul", "einsum", "bmm"}
+REDUCTIONS = {"sum"}
 _FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
 
 
@@ -155,8 +174,44 @@ def _apply(tree: ast.AST, node: ast.AST, kind: str) -> None:
         first = 1 if _callee(node) == "einsum" else 0
         args = node.args
         args[first], args[first + 1] = args[first + 1], args[first]
+    elif kind in ("narrow", "cancel"):
+        call = node.right if kind == "cancel" else node
+        _round_summands(tree, call)
     else:
         raise ValueError(kind)
+
+
+def _summands(call: ast.Call) -> ast.expr:
+    """The tensor a reduction sums: ``x`` of ``x.sum(...)`` or ``tl.sum(x, ...)``."""
+    return call.args[0] if isinstance(call.func, ast.Attribute) and _is_tl(call.func.value) else call.func.value
+
+
+def _is_tl(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "tl"
+
+
+def _round_summands(tree: ast.AST, call: ast.Call) -> None:
+    """Round the summands of ``call`` to the input dtype under the function's
+    precision rule: ``round_operands(mode, x)[0]`` (torch programs; imported
+    into the module) or ``operand(x, MM).to(tl.float32)`` (Triton programs)."""
+    x = _summands(call)
+    if _is_tl(call.func.value):
+        rounded = ast.parse("operand(X, MM).to(tl.float32)", mode="eval").body
+        module, name = "_common", "operand"
+    else:
+        rounded = ast.parse("round_operands(mode, X)[0]", mode="eval").body
+        module, name = "precision", "round_operands"
+    for sub in ast.walk(rounded):
+        for field, value in ast.iter_fields(sub):
+            if isinstance(value, list):
+                setattr(sub, field, [x if isinstance(v, ast.Name) and v.id == "X" else v for v in value])
+    if _is_tl(call.func.value):
+        call.args[0] = rounded
+    else:
+        call.func.value = rounded
+    level = 1 if module == "_common" else 2
+    after_imports = max(i for i, st in enumerate(tree.body) if isinstance(st, (ast.Import, ast.ImportFrom))) + 1
+    tree.body.insert(after_imports, ast.ImportFrom(module=module, names=[ast.alias(name=name)], level=level))
 
 
 def _in_function(tree: ast.AST) -> set[ast.AST]:
@@ -168,6 +223,30 @@ def _in_function(tree: ast.AST) -> set[ast.AST]:
             for statement in body:
                 inside.update(ast.walk(statement))
     return inside
+
+
+def _is_reduction(node: ast.AST) -> bool:
+    """``x.sum(...)`` or ``tl.sum(x, ...)`` (not ``torch.sum``)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in REDUCTIONS):
+        return False
+    owner = node.func.value
+    return bool(node.args) if _is_tl(owner) else not (isinstance(owner, ast.Name) and owner.id == "torch")
+
+
+def _under_precision_rule(tree: ast.AST) -> set[ast.AST]:
+    """Reductions inside functions that name the precision rule: a ``mode``
+    variable (torch programs) or an ``MM`` parameter (Triton programs)."""
+    out = set()
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef):
+            continue
+        names = {a.arg for a in func.args.args + func.args.kwonlyargs}
+        names |= {t.id for n in ast.walk(func) if isinstance(n, ast.Assign) for t in n.targets
+                  if isinstance(t, ast.Name)}
+        triton = any(isinstance(d, ast.Attribute) and d.attr == "jit" for d in func.decorator_list)
+        if (triton and "MM" in names) or (not triton and "mode" in names):
+            out.update(n for n in ast.walk(func) if _is_reduction(n))
+    return out
 
 
 def _int_literal_sites(tree: ast.AST) -> set[ast.AST]:
@@ -204,6 +283,7 @@ def file_mutants(root: Path, path: Path) -> list[NumericMutant]:
     """Every candidate mutant of one file, in ast.walk order."""
     tree = ast.parse((root / path).read_text())
     inside, literals = _in_function(tree), _int_literal_sites(tree)
+    roundable = _under_precision_rule(tree)
     out = []
 
     def add(index: int, node: ast.AST, kind: str, detail: str) -> None:
@@ -228,7 +308,12 @@ def file_mutants(root: Path, path: Path) -> list[NumericMutant]:
             add(index, node, "flag", f"{ast.unparse(node)} -> {ast.unparse(node.operand)}")
         elif isinstance(node, ast.keyword) and isinstance(node.value, ast.Constant) and type(node.value.value) is bool:
             add(index, node, "flag", f"{node.arg}={node.value.value} -> {not node.value.value}")
-        elif isinstance(node, ast.Call) and _callee(node) in PRODUCTS:
+        elif isinstance(node, ast.Call) and _callee(node) in REDUCTIONS and node in roundable:
+            add(index, node, "narrow", f"{ast.unparse(node)[:60]} -> summands rounded to the input dtype")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and _is_reduction(node.right) \
+                and node.right in roundable and any(_is_reduction(n) for n in ast.walk(node.left)):
+            add(index, node, "cancel", f"{ast.unparse(node)[:60]} -> right side's summands rounded")
+        if isinstance(node, ast.Call) and _callee(node) in PRODUCTS:
             first = 1 if _callee(node) == "einsum" else 0
             if len(node.args) >= first + 2:
                 add(index, node, "operand", f"{ast.unparse(node)[:60]} -> first two operands swapped")

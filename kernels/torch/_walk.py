@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..precision import matmul_mode, mm
+from ..precision import matmul_mode, mm, pull_mode
 from ._chunks import ChunkRows, chunk_gates, load_qk, to_chunks
 
 
@@ -69,8 +69,9 @@ def q_decayed_do(
     dtype: torch.dtype, scale: float, gate_params: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scale (diag(gamma) Q)^T dO`` per chunk, ``[NC, HV, K, V]``: the output's
-    pull on the chunk's start state (the decay on dO, no decayed copy of Q)."""
+    pull on the chunk's start state (the decay on dO, no decayed copy of Q),
+    under :func:`gdn_kcp.kernels.precision.pull_mode`."""
     HV = do.shape[1]
     q_scale = scale * torch.exp(chunk_gates(g, rows, dtype, gate_params).cum)
     qc = load_qk(q, q_rstd, rows, dtype, HV)
-    return mm(qc.mT, q_scale[..., None] * to_chunks(do, rows, dtype), matmul_mode(q.dtype))
+    return mm(qc.mT, q_scale[..., None] * to_chunks(do, rows, dtype), pull_mode(matmul_mode(q.dtype)))

@@ -104,6 +104,16 @@ def round_to_bf16(x):
 
 
 @triton.jit
+def round_to_tf32(x):
+    """fp32 rounded to tf32's 10 mantissa bits (to nearest, ties away), kept in
+    fp32, as ``kernels.precision.round_operands("tf32", ...)`` rounds it; inf
+    and NaN pass unchanged."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return tl.where((bits & 0x7F800000) == 0x7F800000, x, rounded)
+
+
+@triton.jit
 def cast_to(x, ptr):
     """``x`` in ``ptr``'s element type, rounded to nearest (a bf16 store under
     the interpreter would otherwise truncate: twice the rounding error)."""
@@ -145,6 +155,20 @@ def dot(a, b, MM: tl.constexpr):
         return tl.dot(a, b, input_precision="tf32")
     else:
         return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def pull_dot(a, b, MM: tl.constexpr):
+    """The adjoint walks' pull ``scale (diag(gamma) Q)^T dO`` on fp32 operands
+    under ``kernels.precision.pull_mode``: tf32 where the other products are
+    bf16 / fp16 (emulated beside ``"bf16_emulated"``, as the torch twin rounds;
+    an fp16 call under the interpreter multiplies exactly)."""
+    if MM == "bf16_emulated":
+        return tl.dot(round_to_tf32(a), round_to_tf32(b), input_precision="ieee")
+    elif MM == "bf16" or MM == "fp16":
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return dot(a, b, MM)
 
 
 @triton.jit

@@ -13,8 +13,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, dot, head_block, launch,
-                      load_operand_cols, load_qk_cols, load_rows_cols, mm_mode, operand, pointer, store_rows_cols,
-                      store_state_halves, walk_block, walk_operands)
+                      load_operand_cols, load_qk_cols, load_rows_cols, mm_mode, operand, pointer, pull_dot,
+                      store_rows_cols, store_state_halves, walk_block, walk_operands)
 
 
 NUM_WARPS = 8
@@ -43,12 +43,13 @@ def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, 
     b_k2 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC), MM)
     b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + k_scale[:, None] * (
         dot(b_k1, dS1, MM) + dot(b_k2, dS2, MM))
-    b_dos = operand((scale * tl.exp(G))[:, None] * load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC), MM)
+    # the pull's operands stay fp32 (read as tf32): kernels.precision.pull_mode
+    b_dos = (scale * tl.exp(G))[:, None] * load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC)
     b_dvo = operand(b_dvn, MM)
-    b_q = operand(load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC), MM)
-    dS1 = gamma_last * dS1 + dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w1), b_dvo, MM)
-    b_q = operand(load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC), MM)
-    dS2 = gamma_last * dS2 + dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w2), b_dvo, MM)
+    b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC)
+    dS1 = gamma_last * dS1 + pull_dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w1), b_dvo, MM)
+    b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC)
+    dS2 = gamma_last * dS2 + pull_dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w2), b_dvo, MM)
     return b_dvn, dS1, dS2
 
 

@@ -58,10 +58,17 @@ def bwd_dqkwg_kernel(
     dscores = scale * do_vn * causal_decay(b_g, False)  # dP * D
     # K in blocks of BKS columns: whole [BT, 128] fp32 tiles of q, k, dO S0^T,
     # Vn dS^T and dw spilled 4,084 B per thread on sm_90 (compile_specs --report).
-    # The score terms of dG come from the score terms of dq and dk (rows of
-    # dP * P: q_i . ((dP * D) K)_i; columns: k_j . ((dP * D)^T Q)_j), so no
-    # Q K^T is formed: 2 C^2 K FLOPs a program fewer than the product itself
-    dG = tl.zeros([BT], dtype=ACC)
+    # dP * P is one fp32 matrix whose row and column sums are the score terms of
+    # dG (kernels.torch.bwd_dqkwg: sums taken from dq's and dk's products round
+    # each side differently and do not cancel), reduced before the loop below:
+    # a [BT, BT] Q K^T live through it spilled 112 / 140 B per thread (sm_90,
+    # 8 warps, triton 3.6)
+    qk = tl.zeros([BT, BT], dtype=ACC)
+    for c0 in range(0, BK, BKS):
+        qk += dot(load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC),
+                  tl.trans(load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)), MM)
+    through_scores = dscores * qk  # dP * P
+    dG = tl.sum(through_scores, 1) - tl.sum(through_scores, 0)
     through_end = tl.zeros([BT], dtype=ACC)
     dS_S0 = tl.zeros([BV], dtype=ACC)  # <dS, S0>, summed at the end
     for c0 in range(0, BK, BKS):
@@ -82,12 +89,10 @@ def bwd_dqkwg_kernel(
             dS_S0 += tl.sum(dS * S0, 0)
         dq_state = scale * gamma[:, None] * do_S0
         dk_end = gamma_ratio[:, None] * vn_dS
-        b_dq = dq_state + dot(dscores, b_k, MM)
-        b_dk_scores = dot(tl.trans(dscores), b_q, MM)
-        store_rows_cols(dq, b_dq, tok, m_t, HV, i_h, K, c0, BKS)
-        store_rows_cols(dk, b_dk_scores + dk_end, tok, m_t, HV, i_h, K, c0, BKS)
+        store_rows_cols(dq, dq_state + dot(dscores, b_k, MM), tok, m_t, HV, i_h, K, c0, BKS)
+        store_rows_cols(dk, dot(tl.trans(dscores), b_q, MM) + dk_end, tok, m_t, HV, i_h, K, c0, BKS)
         store_rows_cols(dw, b_dw, tok, m_t, HV, i_h, K, c0, BKS)
-        dG += tl.sum(b_dq * b_q, 1) - tl.sum(b_dk_scores * b_k, 1)
+        dG += tl.sum(dq_state * b_q, 1)
         through_end += tl.sum(dk_end * b_k, 1)
     dG -= through_end
     d_last = tl.sum(through_end, 0) + tl.exp(tl.sum(b_g, 0)) * tl.sum(dS_S0, 0)

@@ -74,27 +74,30 @@ def bwd_wy_kernel(
     o_i = tl.arange(0, BT)
     dL = tl.where(o_i[:, None] > o_i[None, :], -dot(dot(tl.trans(b_A), dA, MM), tl.trans(b_A), MM), 0.0)
     dL_decayed = dL * causal_decay(b_g, True)
-    dKk_t = tl.trans(b_beta[:, None] * dL_decayed)
-    # dL * L's sums without K K^T: sum_j dL_ij <k_i, k_j> = <(dL K)_i, k_i> and
-    # sum_i beta_i dL_ij <k_i, k_j> = <(diag(beta) dL)^T K)_j, k_j>, from the two
-    # products dk needs anyway; a [BT, BT] K K^T live through both loops spilled
-    # 312 B per thread at 4 warps (sm_90, triton 3.6)
+    # dL * L (L = diag(beta) K K^T * decay) as one fp32 matrix, reduced to its
+    # row and column sums before the dk loop (module docstring: sums taken from
+    # dk's products instead round each side differently); K K^T in its own pass
+    # over K, so no [BT, BT] accumulator beyond dL is live through a loop
+    kkt = tl.zeros([BT, BT], dtype=ACC)
+    for c0 in range(0, BK, BKS):
+        b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
+        kkt += dot(b_k, tl.trans(b_k), MM)
+    dL_kkt = dL_decayed * kkt
+    through_L = b_beta[:, None] * dL_kkt  # dL * L
+    dG = tl.sum(through_L, 1) - tl.sum(through_L, 0)
+    b_dbeta = u_dot_v + tl.sum(dL_kkt, 1)
+    dKk = b_beta[:, None] * dL_decayed
+    dKk_sym = dKk + tl.trans(dKk)
     w_dot_k = tl.zeros([BT], dtype=ACC)  # <(A^T dW)_i, k_i>, from the product dk needs (A^T dW once)
-    dL_kk = tl.zeros([BT], dtype=ACC)  # sum_j dL_ij <k_i, k_j>
-    through_L_cols = tl.zeros([BT], dtype=ACC)  # column sums of dL * L
     for c0 in range(0, BK, BKS):
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         At_dw = dot(tl.trans(b_A), load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC), MM)
-        dL_k = dot(dL_decayed, b_k, MM)
-        dKk_t_k = dot(dKk_t, b_k, MM)
-        b_dk = beta_gamma[:, None] * At_dw + b_beta[:, None] * dL_k + dKk_t_k
+        b_dk = beta_gamma[:, None] * At_dw + dot(dKk_sym, b_k, MM)
         b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, c0, BKS, ACC)
         store_rows_cols(dk_acc, b_dk, tok, m_t, HV, i_h, K, c0, BKS)
         w_dot_k += tl.sum(At_dw * b_k, 1)
-        dL_kk += tl.sum(dL_k * b_k, 1)
-        through_L_cols += tl.sum(dKk_t_k * b_k, 1)
-    b_dbeta = tl.exp(G) * w_dot_k + u_dot_v + dL_kk
-    dG = beta_gamma * w_dot_k + b_beta * dL_kk - through_L_cols
+    b_dbeta += tl.exp(G) * w_dot_k
+    dG += beta_gamma * w_dot_k
     dG += load_scalars(dg_acc, tok, m_t, HV, i_h, ACC)
     store_scalars(dg_acc, dG, tok, m_t, HV, i_h)
     store_scalars(dbeta, b_dbeta * dbeta_dinput, tok, m_t, HV, i_h)
