@@ -209,11 +209,11 @@ def ours(case: Case, x: dict[str, torch.Tensor], backend: str = "torch") -> dict
         return ours_on_ranks(case, x, backend)
     p = _leaves(x)
     q, k = (p["q"], p["k"]) if case.norm else (F.normalize(p["q"], p=2, dim=-1), F.normalize(p["k"], p=2, dim=-1))
-    with use_programs("cpu", backend):
+    with use_programs("cpu", backend):  # the backward too: the backend is read at each call
         o, ht = chunk_gated_delta_rule(q, k, p["v"], p["g"], p["beta"], scale=case.scale, initial_state=p["h0"],
                                        output_final_state=True, use_qk_l2norm_in_kernel=case.norm,
                                        cu_seqlens=_cu(case))
-    return _results(o, ht, p, x)
+        return _results(o, ht, p, x)
 
 
 def _on_rank(rank: int, R: int, case: Case, x: dict[str, torch.Tensor], backend: str, out_dir: str) -> None:
@@ -224,11 +224,12 @@ def _on_rank(rank: int, R: int, case: Case, x: dict[str, torch.Tensor], backend:
     start, end = ctx.rank_ranges[rank]
     p = {n: (x[n][:, start:end] if n != "h0" else x[n][ctx.start_docs]).clone().requires_grad_() for n in LEAVES}
     options = OptionsKcp(use_qk_l2norm=case.norm)
-    with use_programs("cpu", backend):
+    with use_programs("cpu", backend):  # the backward too: the backend is read at each call
         o, ht = gdn_kcp(p["q"], p["k"], p["v"], p["g"], p["beta"], ctx, options=options, scale=case.scale,
                         initial_state=p["h0"], output_final_state=True)
-    loss = (o.double() * x["do"][:, start:end].double()).sum() + (ht.double() * x["dht"][ctx.end_docs].double()).sum()
-    grads = torch.autograd.grad(loss, [p[n] for n in LEAVES])
+        loss = (o.double() * x["do"][:, start:end].double()).sum() + (
+            ht.double() * x["dht"][ctx.end_docs].double()).sum()
+        grads = torch.autograd.grad(loss, [p[n] for n in LEAVES])
     torch.save({"o": o.detach(), "ht": ht.detach(), **dict(zip(GRADS, grads)), "end_docs": ctx.end_docs,
                 "start_docs": ctx.start_docs, "range": (start, end)}, os.path.join(out_dir, f"{rank}.pt"))
 

@@ -42,7 +42,8 @@ def run(backend: str | None, dtype: torch.dtype):
     gen = torch.Generator().manual_seed(13)
     do, ds = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)
     loss = (o.double() * do.double()).sum() + (s.double() * ds.double()).sum()
-    grads = torch.autograd.grad(loss, wrt)
+    with use_programs("cpu", backend or "torch"):  # the backward runs the programs of this block too
+        grads = torch.autograd.grad(loss, wrt)
     names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
     return dict(zip(names, [o, s, *grads]))
 
@@ -96,7 +97,8 @@ def test_fp16_zero_rows_under_the_norm_stay_finite(backend):
         else:
             o, _ = naive_recurrence(*leaves, use_qk_l2norm=True)
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(22))
-        _, _, dv, dg, dbeta = torch.autograd.grad((o.double() * do.double()).sum(), leaves)
+        with use_programs("cpu", backend):  # the backward runs the programs of the forward's block too
+            _, _, dv, dg, dbeta = torch.autograd.grad((o.double() * do.double()).sum(), leaves)
         results[name] = (o, dv, dg, dbeta)
     for ours, oracle in zip(results["fp16"], results["fp64"]):
         assert torch.isfinite(ours).all()
