@@ -57,17 +57,17 @@ def naive_recurrence(
         k = k * torch.rsqrt(k.square().sum(-1, keepdim=True) + L2NORM_EPS)
     q = q.repeat_interleave(HV // H_qk, dim=2)
     k = k.repeat_interleave(HV // H_qk, dim=2)
-    if cu_seqlens is None:  # B documents of T tokens, walked together
-        groups = [(list(range(B)), 0, T)]
+    # (batch rows, documents, first token, end): B documents of T tokens walk together
+    if cu_seqlens is None:
+        groups = [(list(range(B)), list(range(B)), 0, T)]
     else:
         bounds = [int(x) for x in cu_seqlens.tolist()]
-        groups = [([0], bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+        groups = [([0], [n], bounds[n], bounds[n + 1]) for n in range(len(bounds) - 1)]
 
     outputs, finals = [], []
-    for n, (rows, start, end) in enumerate(groups):
-        docs = range(B) if cu_seqlens is None else [n]
+    for rows, docs, start, end in groups:
         if initial_state is not None:
-            S = initial_state[list(docs)].to(compute_dtype)
+            S = initial_state[docs].to(compute_dtype)
         else:
             S = q.new_zeros(len(docs), HV, K, v.shape[3])
         for t in range(start, end):

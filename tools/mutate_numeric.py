@@ -194,22 +194,13 @@ def _round_summands(tree: ast.AST, call: ast.Call) -> None:
     """Round the summands of ``call`` to the input dtype under the function's
     precision rule: ``round_operands(mode, x)[0]`` (torch programs; imported
     into the module) or ``operand(x, MM).to(tl.float32)`` (Triton programs)."""
-    x = _summands(call)
+    x = ast.unparse(_summands(call))
     if _is_tl(call.func.value):
-        rounded = ast.parse("operand(X, MM).to(tl.float32)", mode="eval").body
-        module, name = "_common", "operand"
+        call.args[0] = ast.parse(f"operand({x}, MM).to(tl.float32)", mode="eval").body
+        module, name, level = "_common", "operand", 1
     else:
-        rounded = ast.parse("round_operands(mode, X)[0]", mode="eval").body
-        module, name = "precision", "round_operands"
-    for sub in ast.walk(rounded):
-        for field, value in ast.iter_fields(sub):
-            if isinstance(value, list):
-                setattr(sub, field, [x if isinstance(v, ast.Name) and v.id == "X" else v for v in value])
-    if _is_tl(call.func.value):
-        call.args[0] = rounded
-    else:
-        call.func.value = rounded
-    level = 1 if module == "_common" else 2
+        call.func.value = ast.parse(f"round_operands(mode, {x})[0]", mode="eval").body
+        module, name, level = "precision", "round_operands", 2
     after_imports = max(i for i, st in enumerate(tree.body) if isinstance(st, (ast.Import, ast.ImportFrom))) + 1
     tree.body.insert(after_imports, ast.ImportFrom(module=module, names=[ast.alias(name=name)], level=level))
 
@@ -310,13 +301,13 @@ def file_mutants(root: Path, path: Path) -> list[NumericMutant]:
             add(index, node, "flag", f"{node.arg}={node.value.value} -> {not node.value.value}")
         elif isinstance(node, ast.Call) and _callee(node) in REDUCTIONS and node in roundable:
             add(index, node, "narrow", f"{ast.unparse(node)[:60]} -> summands rounded to the input dtype")
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and _is_reduction(node.right) \
-                and node.right in roundable and any(_is_reduction(n) for n in ast.walk(node.left)):
-            add(index, node, "cancel", f"{ast.unparse(node)[:60]} -> right side's summands rounded")
-        if isinstance(node, ast.Call) and _callee(node) in PRODUCTS:
+        elif isinstance(node, ast.Call) and _callee(node) in PRODUCTS:
             first = 1 if _callee(node) == "einsum" else 0
             if len(node.args) >= first + 2:
                 add(index, node, "operand", f"{ast.unparse(node)[:60]} -> first two operands swapped")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and _is_reduction(node.right) \
+                and node.right in roundable and any(_is_reduction(n) for n in ast.walk(node.left)):
+            add(index, node, "cancel", f"{ast.unparse(node)[:60]} -> right side's summands rounded")
     return out
 
 
