@@ -267,7 +267,7 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
         return [walk(phase, kernel, s.fragments * HV * -(-V // BV), P, step)]
 
     def adjoint_segment_summary(phase: str) -> list[Launch]:  # the adjoint walk's step, nothing stored
-        step = Work(bf16=2 * (2 * C * K * BW), tf32=2 * C * K * BW,
+        step = Work(bf16=4 * (2 * C * K * BW),
                     bytes=qk + C * n + C * K * e["w"] + C * BW * n + C * BW * e["dv_new"])
         return [walk(phase, "adjoint_segment_summary_kernel", F * HV * NW, steps, step)]
 
@@ -292,8 +292,8 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
         return [Launch(phase, "bwd_local_dv_kernel" if pair > 1 else "bwd_local_dv_kernel[one head]", NC * HV // pair,
                        work)]
 
-    def adjoint_walk(phase: str) -> list[Launch]:  # K dS and W^T dVn in bf16, the pull Q^T dO in tf32
-        step = Work(bf16=2 * (2 * C * K * BW), tf32=2 * C * K * BW, bytes=qk + C * n + C * K * e["w"] + C * BW * n
+    def adjoint_walk(phase: str) -> list[Launch]:  # K dS, W^T dVn and the pull Q^T (c dO) in two bf16 terms
+        step = Work(bf16=4 * (2 * C * K * BW), bytes=qk + C * n + C * K * e["w"] + C * BW * n
                     + 2 * C * BW * e["dv_new"] + K * BW * e["dh"])
         return [walk(phase, "adjoint_walk_kernel", F * HV * NW, steps, step)]
 

@@ -42,21 +42,41 @@ def matmul_mode(dtype: torch.dtype) -> str:
 
 
 def pull_mode(mode: str) -> str:
-    """The rule of the adjoint walks' pull ``scale (diag(gamma) Q)^T dO`` for
-    products under ``mode``: tf32 where they are bf16 / fp16, else ``mode``.
+    """The rule of the adjoint walks' pull ``Q^T (c dO)`` (``c = scale gamma``,
+    times q's reciprocal norm when the call normalises) for products under
+    ``mode``: ``"bf16x2"`` where they are bf16, ``"tf32x2"`` where fp16, else
+    ``mode``. Under the two split rules (:func:`pull`) Q is the raw input,
+    which its dtype holds exactly, and the fp32 factor ``c dO`` is read as two
+    terms, so the pull is fp32-accurate (16 and 22 mantissa bits of ``c dO``).
 
-    The pull's operands are fp32 values no input carries (the decay and the
-    scale go on dO, the norm on q), and its sum is the initial-state gradient,
-    the adjoint that crosses ranks under KCP. Rounded to bf16 they made that
-    gradient err 39 % more than flash-linear-attention's (3.13e-3 against
-    2.25e-3 on its B2 T500 H3 HV3 case, tests/precision_grid.py); read as tf32,
-    2.17e-3 (exact fp32: 2.14e-3). FLA's own kernel multiplies the same fp32
-    tiles, which its ``tl.dot`` reads as tf32 on the GPU. In fp16 tf32 keeps
-    fp16's 10 mantissa bits: 0.42e-3 there, against 0.30e-3 exact (and FLA's
-    0.29e-3, measured under Triton's interpreter, which multiplies fp32
-    exactly). Three tf32 products (``"tf32x3"``, fp32's accuracy) spilled 280 B
-    per thread in the adjoint walk on sm_90 (triton 3.6), one none."""
-    return "tf32" if mode in ("bf16", "fp16") else mode
+    Its sum is the initial-state gradient, the adjoint that crosses ranks under
+    KCP. With ``c dO`` rounded to bf16 that gradient erred 39 % more than
+    flash-linear-attention's (3.13e-3 against 2.25e-3 on its B2 T500 H3 HV3
+    case, tests/precision_grid.py); with both fp32 operands read as one tf32
+    product, 2.17e-3 in bf16 but 0.42e-3 in fp16 against FLA's 0.29e-3 (tf32
+    keeps fp16's own 10 mantissa bits). Three tf32 products of the normalised
+    q (``"tf32x3"``) spilled 280 B per thread in the adjoint walk on sm_90
+    (triton 3.6); the split needs no split of Q, as the raw q is exact: two
+    products, and in bf16 the two cost one tf32 product's tensor-core time."""
+    return {"bf16": "bf16x2", "fp16": "tf32x2"}.get(mode, mode)
+
+
+def split_operand(x: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``x`` as ``hi + lo``, each exact in the narrow type of the split
+    rule ``mode`` (bf16 for ``"bf16x2"``, tf32 for ``"tf32x2"``), kept fp32."""
+    narrow = "bf16" if mode == "bf16x2" else "tf32"
+    hi, = round_operands(narrow, x)
+    lo, = round_operands(narrow, x - hi)
+    return hi, lo
+
+
+def pull(q: torch.Tensor, x: torch.Tensor, mode: str) -> torch.Tensor:
+    """``q @ x`` under :func:`pull_mode`'s rule ``mode``: for a split rule,
+    ``q`` (exact in the narrow type) times both terms of ``x``; else :func:`mm`."""
+    if mode not in ("bf16x2", "tf32x2"):
+        return mm(q, x, mode)
+    hi, lo = split_operand(x, mode)
+    return q @ hi + q @ lo
 
 
 def _round_tf32(x: torch.Tensor) -> torch.Tensor:

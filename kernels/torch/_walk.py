@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..precision import matmul_mode, mm, pull_mode
-from ._chunks import ChunkRows, chunk_gates, load_qk, to_chunks
+from ..precision import matmul_mode, mm, pull, pull_mode
+from ._chunks import ChunkRows, chunk_gates, load_qk, scalars_to_chunks, to_chunks
 
 
 class WalkOperands(NamedTuple):
@@ -69,9 +69,12 @@ def q_decayed_do(
     dtype: torch.dtype, scale: float, gate_params: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scale (diag(gamma) Q)^T dO`` per chunk, ``[NC, HV, K, V]``: the output's
-    pull on the chunk's start state (the decay on dO, no decayed copy of Q),
-    under :func:`gdn_kcp.kernels.precision.pull_mode`."""
+    pull on the chunk's start state. The decay, the scale and q's reciprocal
+    norm go on dO (no decayed copy of Q; the raw q is exact in its dtype), the
+    product runs under :func:`gdn_kcp.kernels.precision.pull_mode`."""
     HV = do.shape[1]
-    q_scale = scale * torch.exp(chunk_gates(g, rows, dtype, gate_params).cum)
-    qc = load_qk(q, q_rstd, rows, dtype, HV)
-    return mm(qc.mT, q_scale[..., None] * to_chunks(do, rows, dtype), pull_mode(matmul_mode(q.dtype)))
+    factor = scale * torch.exp(chunk_gates(g, rows, dtype, gate_params).cum)
+    if q_rstd is not None:
+        factor = factor * scalars_to_chunks(q_rstd, rows, dtype).repeat_interleave(HV // q.shape[1], dim=1)
+    qc = load_qk(q, None, rows, dtype, HV)
+    return pull(qc.mT, factor[..., None] * to_chunks(do, rows, dtype), pull_mode(matmul_mode(q.dtype)))

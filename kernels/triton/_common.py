@@ -158,17 +158,40 @@ def dot(a, b, MM: tl.constexpr):
 
 
 @triton.jit
-def pull_dot(a, b, MM: tl.constexpr):
-    """The adjoint walks' pull ``scale (diag(gamma) Q)^T dO`` on fp32 operands
-    under ``kernels.precision.pull_mode``: tf32 where the other products are
-    bf16 / fp16 (emulated beside ``"bf16_emulated"``, as the torch twin rounds;
-    an fp16 call under the interpreter multiplies exactly)."""
+def pull_operand(x, MM: tl.constexpr):
+    """The fp32 factor ``c dO`` of the adjoint walks' pull as ``(hi, lo)``
+    under ``kernels.precision.pull_mode`` (``split_operand`` there): two bf16
+    terms beside bf16 products (rounded but fp32 under ``"bf16_emulated"``),
+    two tf32 terms beside fp16 ones; ``(x, x)`` otherwise (``lo`` unused)."""
     if MM == "bf16_emulated":
-        return tl.dot(round_to_tf32(a), round_to_tf32(b), input_precision="ieee")
-    elif MM == "bf16" or MM == "fp16":
-        return tl.dot(a, b, input_precision="tf32")
+        hi = round_to_bf16(x)
+        return hi, round_to_bf16(x - hi)
+    elif MM == "bf16":
+        hi = x.to(tl.bfloat16)
+        return hi, (x - hi.to(tl.float32)).to(tl.bfloat16)
+    elif MM == "fp16":
+        hi = round_to_tf32(x)
+        return hi, round_to_tf32(x - hi)
     else:
-        return dot(a, b, MM)
+        return x, x
+
+
+@triton.jit
+def pull_dot(q, hi, lo, MM: tl.constexpr):
+    """The adjoint walks' pull ``Q^T (c dO)``: ``q`` the raw (transposed) q
+    tile as stored, ``(hi, lo)`` from :func:`pull_operand`; both terms'
+    products under a split rule (q read in bf16, or as fp32 for the tf32
+    products, exactly either way), one product under ``MM`` otherwise."""
+    if MM == "bf16_emulated":
+        b_q = q.to(tl.float32)
+        return tl.dot(b_q, hi, input_precision="ieee") + tl.dot(b_q, lo, input_precision="ieee")
+    elif MM == "bf16":
+        return tl.dot(q, hi, out_dtype=tl.float32) + tl.dot(q, lo, out_dtype=tl.float32)
+    elif MM == "fp16":
+        b_q = q.to(tl.float32)
+        return tl.dot(b_q, hi, input_precision="tf32") + tl.dot(b_q, lo, input_precision="tf32")
+    else:
+        return dot(q, hi, MM)
 
 
 @triton.jit

@@ -13,7 +13,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, dot, head_block, launch,
-                      load_operand_cols, load_qk_cols, load_rows_cols, mm_mode, operand, pointer, pull_dot,
+                      load_operand_cols, load_qk_cols, load_rows_cols, load_scalars, load_tile, mm_mode, operand, pointer,
+                      pull_dot, pull_operand,
                       store_rows_cols, store_state_halves, walk_block, walk_operands)
 
 
@@ -43,13 +44,17 @@ def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, 
     b_k2 = operand(load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC), MM)
     b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + k_scale[:, None] * (
         dot(b_k1, dS1, MM) + dot(b_k2, dS2, MM))
-    # the pull's operands stay fp32 (read as tf32): kernels.precision.pull_mode
-    b_dos = (scale * tl.exp(G))[:, None] * load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC)
+    # the pull Q^T (c dO): the decay, the scale and q's norm on dO, which is read as two terms
+    # (kernels.precision.pull_mode); the raw q is exact in its dtype
+    b_c = scale * tl.exp(G)
+    if HAS_NORM:
+        b_c = b_c * load_scalars(q_rstd, tok, m_t, H_qk, hk, ACC)
+    dos_hi, dos_lo = pull_operand(b_c[:, None] * load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC), MM)
     b_dvo = operand(b_dvn, MM)
-    b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, 0, BH, HAS_NORM, ACC)
-    dS1 = gamma_last * dS1 + pull_dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w1), b_dvo, MM)
-    b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, hk, K, BH, BH, HAS_NORM, ACC)
-    dS2 = gamma_last * dS2 + pull_dot(tl.trans(b_q), b_dos, MM) - dot(tl.trans(b_w2), b_dvo, MM)
+    b_q = load_tile(q, tok, m_t, H_qk, hk, K, 0, BH)
+    dS1 = gamma_last * dS1 + pull_dot(tl.trans(b_q), dos_hi, dos_lo, MM) - dot(tl.trans(b_w1), b_dvo, MM)
+    b_q = load_tile(q, tok, m_t, H_qk, hk, K, BH, BH)
+    dS2 = gamma_last * dS2 + pull_dot(tl.trans(b_q), dos_hi, dos_lo, MM) - dot(tl.trans(b_w2), b_dvo, MM)
     return b_dvn, dS1, dS2
 
 
