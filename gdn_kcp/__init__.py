@@ -4,6 +4,7 @@ See README.md for the quick start, docs/api.md for the public names and
 docs/design.md for how it computes.
 """
 
+from gdn_kcp.checkpointing import last_checkpoint_record
 from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext, build_kcp_context
 from gdn_kcp.exchange import record_comm_bytes
@@ -12,6 +13,7 @@ from gdn_kcp.options import OptionsKcp
 from gdn_kcp.ops import trace_host_path
 from gdn_kcp.parallel import check_cp_gradients
 from gdn_kcp.queries import (
+    gdn_checkpoint_bytes_kcp,
     gdn_comm_bytes_kcp,
     gdn_det_comm_bytes_kcp,
     gdn_det_saved_bytes_kcp,
@@ -39,6 +41,7 @@ __all__ = [
     "build_kcp_context",
     "check_cp_gradients",
     "chunk_gated_delta_rule",
+    "gdn_checkpoint_bytes_kcp",
     "fused_recurrent_gated_delta_rule",
     "gdn_comm_bytes_kcp",
     "gdn_det_comm_bytes_kcp",
@@ -52,6 +55,7 @@ __all__ = [
     "gdn_state_layout_kcp",
     "gdn_workspace_bytes_kcp",
     "gdn_workspace_layout_kcp",
+    "last_checkpoint_record",
     "layers",
     "naive_recurrence",
     "record_comm_bytes",

@@ -40,6 +40,8 @@ def chunk_gated_delta_rule(
     dt_bias: torch.Tensor | None = None,
     use_gate_in_kernel: bool = False,
     save_mode: str = "light",
+    reuse_recompute_tapes: bool | str | None = None,
+    recompute_output: str = "auto",
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet on one rank, chunked (C = 64), with an explicit backward.
@@ -76,6 +78,11 @@ def chunk_gated_delta_rule(
         save_mode: ``OptionsKcp.save_mode`` of the call (not FLA's): ``"light"``
             saves nothing beyond the inputs, ``"inverse"`` keeps A and the q/k
             norms as FLA does (a shorter backward), ``"full"`` every tape.
+        reuse_recompute_tapes, recompute_output: the call's
+            ``OptionsKcp`` fields of the same names (not FLA's): under a
+            non-reentrant ``torch.utils.checkpoint`` the recompute writes the
+            tapes the backward binds, and skips the output nothing reads
+            (docs/api.md, "Activation checkpointing").
         kwargs: ``chunk_size`` (64 only), ``transpose_state_layout``,
             ``head_first`` (raises ``DeprecationWarning``, as FLA does). Any
             other keyword is a ``TypeError`` (FLA ignores it).
@@ -83,7 +90,7 @@ def chunk_gated_delta_rule(
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state
     fp32 (fp64 for fp64 inputs) or None. Computation is in fp32 (fp64 for fp64
     inputs). It is the one-rank case of :func:`gdn_kcp` (same host path, save
-    plan and workspace layout, default options but ``save_mode``).
+    plan and workspace layout, default options but those it names).
 
     With ``cu_seqlens`` the chunk index is built on its device at the caps of
     its length (a capped context, ``max_docs = N``), so under
@@ -128,7 +135,8 @@ def chunk_gated_delta_rule(
         v.reshape(BT, dims.HV, dims.V),
         g.reshape(BT, dims.HV),
         beta.reshape(BT, dims.HV),
-        initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode),
+        initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode,
+                                      reuse_recompute_tapes=reuse_recompute_tapes, recompute_output=recompute_output),
         float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None, gate,
     )
     if not output_final_state:

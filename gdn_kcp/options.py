@@ -3,7 +3,7 @@ and the save plan the options imply."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gdn_kcp.kernels.segments import MAX_SEGMENTS
 
@@ -12,6 +12,8 @@ SCHEDULES = ("serial", "overlap")
 SAVE_MODES = ("light", "inverse", "full")
 BOUNDARY_MODES = ("saved", "replay")
 GRAPH_MODES = ("off", "replay")
+REUSE_RECOMPUTE_TAPES = ("auto", True, False)
+RECOMPUTE_OUTPUTS = ("auto", "always")
 
 
 def _check_choice(name: str, value: object, choices: tuple) -> None:
@@ -74,6 +76,20 @@ class OptionsKcp:
         does not change: the halo exchange binds no pool of it (its tiles are
         fresh tensors, and ``gdn_kcp`` itself allocates none of them).
     conv_size: the convolution's width W (read with ``with_conv=True``).
+    reuse_recompute_tapes: under a non-reentrant ``torch.utils.checkpoint``
+        (:mod:`gdn_kcp.checkpointing`), torch's recompute writes the tapes a
+        ``save_mode="full"`` forward keeps and the backward binds them instead
+        of replaying prep and the tape walk (gradients bitwise the same).
+        ``"auto"`` keeps them only when the call is the region's last
+        operation that saves a tensor (its backward then runs first and the
+        tapes die before any other backward); ``True`` always keeps (a later
+        saver's backward then runs with the tapes held); ``False`` never.
+        ``None`` (the default) is ``"auto"``, or ``False`` with
+        ``graph="replay"``, which refuses ``True`` and ``"auto"``. Read
+        through :attr:`reuse_tapes`; no op or byte of the workspace depends on it.
+    recompute_output: ``"auto"`` (default): when the call is the region's
+        last saver, torch's recompute launches no output program (torch
+        discards that output); ``"always"``: it launches it.
 
     Example: ``gdn_kcp(q, k, v, g, beta, ctx, options=OptionsKcp(save_mode="full"))``.
     """
@@ -90,6 +106,8 @@ class OptionsKcp:
     use_qk_l2norm: bool = False
     with_conv: bool = False
     conv_size: int = 4
+    reuse_recompute_tapes: bool | str | None = None
+    recompute_output: str = "auto"
 
     def __post_init__(self) -> None:
         _check_bool("deterministic", self.deterministic)
@@ -109,6 +127,15 @@ class OptionsKcp:
         _check_bool("with_conv", self.with_conv)
         if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 1:
             raise ValueError(f"OptionsKcp.conv_size must be an int >= 1, got {self.conv_size!r}")
+        if self.reuse_recompute_tapes is not None and not (
+                self.reuse_recompute_tapes == "auto" or isinstance(self.reuse_recompute_tapes, bool)):
+            raise ValueError(f"OptionsKcp.reuse_recompute_tapes must be one of (None, 'auto', True, False), "
+                             f"got {self.reuse_recompute_tapes!r}")
+        _check_choice("recompute_output", self.recompute_output, RECOMPUTE_OUTPUTS)
+        if self.graph == "replay" and self.reuse_recompute_tapes in ("auto", True):
+            raise ValueError(
+                f"OptionsKcp.reuse_recompute_tapes={self.reuse_recompute_tapes!r} hands the backward tensors the "
+                "recompute allocates, but graph='replay' fixes every address: use reuse_recompute_tapes=False")
         if self.save_mode != "light" and not self.save_for_backward:
             what = "the forward tapes" if self.save_mode == "full" else "the WY inverse and the q/k norms"
             raise ValueError(
@@ -129,8 +156,17 @@ class OptionsKcp:
         if self.schedule == "overlap" and self.exchange == "ring":
             raise ValueError("schedule='overlap' issues the all-to-all b2 ahead of the walk it overlaps, but "
                              "exchange='ring' passes states point to point: use exchange='a2a'")
-        # What the ops take, computed once: torch.compile then reads a constant.
+        # What the ops take, computed once: torch.compile then reads a constant (the recompute options are
+        # the autograd layer's alone: no op and no byte query reads them).
         object.__setattr__(self, "op_arg", options_to_str(self))
+
+
+    @property
+    def reuse_tapes(self) -> bool | str:
+        """``reuse_recompute_tapes`` with its default resolved: ``"auto"``, ``True`` or ``False``."""
+        if self.reuse_recompute_tapes is None:
+            return False if self.graph == "replay" else "auto"
+        return self.reuse_recompute_tapes
 
 
 @dataclass(frozen=True)
@@ -182,6 +218,13 @@ def walks_with_output(options: OptionsKcp, K: int) -> bool:
     no v_new round trip) rather than the tape walk and the output: when it
     keeps no tape and ``K <= WALK_OUTPUT_MAX_K``."""
     return not save_plan(options).keeps_tapes and K <= WALK_OUTPUT_MAX_K
+
+
+def kept_tape_options(options: OptionsKcp) -> OptionsKcp:
+    """The options whose saved set is what a checkpoint's recompute keeps
+    (``reuse_recompute_tapes``): ``save_mode="full"``'s tapes, and the M a
+    kept boundary saves for b1 (the boundary state itself is in h)."""
+    return replace(options, save_mode="full", boundary_mode="saved", save_for_backward=True)
 
 
 def overlaps_b2(options: OptionsKcp) -> bool:

@@ -31,6 +31,10 @@ from gdn_kcp.ops.programs import PROGRAM_OPS
 from .segments import Segments, compose_starts, fold_summary, run_segment_summaries
 
 
+PREP_TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd")
+"""What prep writes."""
+
+
 @dataclass
 class ForwardTapes:
     """What the forward programs write and the backward programs read.
@@ -259,14 +263,33 @@ def host_forward(
     *,
     initial_state: torch.Tensor | None = None,
     n_final_states: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    keep_tapes: bool = False,
+    skip_output: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Forward on token-layout tensors (q, k ``[T, H_qk, K]``, v ``[T, HV, V]``,
     g, beta ``[T, HV]``). Returns o ``[T, HV, V]`` (q's dtype) and the final
     states ``[n_final_states, HV, K, V]`` (compute dtype) when asked; the saved
-    tensors are left in ``buffers.saved``."""
-    keeps_tapes = save_plan(call.options).keeps_tapes
-    fused = walks_with_output(call.options, call.K)
+    tensors are left in ``buffers.saved``.
+
+    torch's recompute under a checkpoint (:mod:`gdn_kcp.checkpointing`):
+    ``keep_tapes`` also writes the tapes a ``save_mode="full"`` forward keeps
+    (``buffers``' saved layout names them): the o path the options choose,
+    then the tape walk where that path has none. ``skip_output`` launches no
+    output program and returns o None: with ``keep_tapes`` the tape walk
+    alone, without it no walk at all (what the saves need, prep and the
+    exchanges, still runs, so every rank's exchanges match; no program at
+    all when the saves need none)."""
+    keeps_tapes = save_plan(call.options).keeps_tapes or keep_tapes
+    fused = walks_with_output(call.options, call.K) and not skip_output
+    tape_walk = keeps_tapes or not (fused or skip_output)
     arena = buffers.arena
+    final_state = None
+    if n_final_states is not None:
+        final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=compute_dtype(q.dtype),
+                                  device=q.device)
+    if skip_output and not (keep_tapes or call.ctx.exchanges or any(map(buffers.keeps, PREP_TAPES))):
+        arena.close()  # nothing to save that a program writes: the recompute launches none
+        return None, final_state
     arena.phase("fwd.phase.prep")
     tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=keeps_tapes)
     seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="fwd")
@@ -274,26 +297,26 @@ def host_forward(
     if call.ctx.exchanges:
         s_in, _, _ = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
                                           phase_call="fwd", seg=seg)
-    final_state = None
-    if n_final_states is not None:
-        final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=compute_dtype(q.dtype),
-                                  device=q.device)
-    if seg is not None:
+    walks = fused or tape_walk
+    if seg is not None and walks:
         compose_starts(call, seg, buffers, phase_call="fwd", initial_state=initial_state, s_in=s_in,
                        final_state_out=final_state)
+    elif seg is not None:
+        arena.release("seg_summary")
     arena.phase("fwd.phase.walk")
-    walk = dict(initial_state=initial_state, s_in=s_in, final_state_out=final_state, seg=seg)
+    walk = dict(initial_state=initial_state, s_in=s_in, seg=seg)
+    o = None
     if fused:
-        o = run_walk_output(q, k, g, call, tapes, buffers, **walk)
-    else:
-        run_tape_walk(k, g, call, tapes, buffers, **walk)
+        o = run_walk_output(q, k, g, call, tapes, buffers, final_state_out=final_state, **walk)
+    if tape_walk:
+        run_tape_walk(k, g, call, tapes, buffers, final_state_out=None if fused else final_state, **walk)
     if s_in is not None:
         buffers.drop("s_in")
     if seg is not None:
-        arena.release("seg_start", "seg_index")
+        arena.release(*(("seg_start", "seg_index") if walks else ("seg_index",)))
     buffers.drop("w")
     arena.phase("fwd.phase.output")
-    if not fused:
+    if not (fused or skip_output):
         o = torch.empty_like(v, dtype=q.dtype)
         call.programs.output(
             q, k, g, tapes.h, tapes.v_new, call.index,
@@ -303,6 +326,6 @@ def host_forward(
         buffers.arena.hand_over("v_new")
     else:
         buffers.drop("v_new")
-    buffers.drop("scores" if fused else "h", *call.norms)
+    buffers.drop(*(["scores"] if fused else []), *(["h"] if tape_walk else []), *call.norms)
     arena.close()
     return o, final_state

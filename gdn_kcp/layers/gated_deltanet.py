@@ -178,8 +178,9 @@ class GatedDeltaNet(nn.Module):
         ``kcp_options``: the :class:`~gdn_kcp.OptionsKcp` of that call (default
         ``OptionsKcp(use_qk_l2norm=True, with_conv=True, conv_size=conv_size)``,
         the options whose byte queries count this layer's halo; see
-        :meth:`kcp_options`); on one rank its ``save_mode`` applies (the
-        chunked path; decode caches run without a backward). Returns FLA's
+        :meth:`kcp_options`); on one rank its ``save_mode``,
+        ``reuse_recompute_tapes`` and ``recompute_output`` apply (the chunked
+        path; decode caches run without a backward). Returns FLA's
         ``(o, None, past_key_values)``."""
         if kcp_context is not None and past_key_values is not None:
             raise ValueError("decode caches (past_key_values) run on one rank: call the layer without kcp_context "
@@ -216,9 +217,11 @@ class GatedDeltaNet(nn.Module):
             qkv = self._conv_kcp(qkv, kcp_context)
         q, k, v = self._heads(qkv)
         if kcp_context is None:
+            options = self.kcp_options(kcp_options)
             o, _ = chunk_gated_delta_rule(q, k, v, self.a_proj(x), self.b_proj(x), use_qk_l2norm_in_kernel=True,
-                                          cu_seqlens=cu_seqlens, save_mode=self.kcp_options(kcp_options).save_mode,
-                                          **self._gates())
+                                          cu_seqlens=cu_seqlens, save_mode=options.save_mode,
+                                          reuse_recompute_tapes=options.reuse_recompute_tapes,
+                                          recompute_output=options.recompute_output, **self._gates())
         else:
             o, _ = gdn_kcp(q, k, v, self.a_proj(x), self.b_proj(x), kcp_context,
                            options=self.kcp_options(kcp_options), workspace=workspace, **self._gates())

@@ -19,13 +19,16 @@ import torch
 from gdn_kcp.context import KcpContext, context_from_meta
 from gdn_kcp.gates import InKernelGate
 from gdn_kcp.host.programs import load_programs
-from gdn_kcp.options import OptionsKcp, options_from_str
+from gdn_kcp.checkpointing import Probe, hand_over, probe
+from gdn_kcp.options import OptionsKcp, kept_tape_options, options_from_str
 from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.exchange.ordered import ORDERED
 from gdn_kcp.workspace import WorkspaceKcp
 
-from .library import backward_body, forward_body  # importing registers the ops
+from gdn_kcp.queries.shapes import SAVED_NAMES
+
+from .library import backward_body, forward_body, saved_names  # importing registers the ops
 
 
 @torch.compiler.assume_constant_result
@@ -109,42 +112,73 @@ class GdnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, workspace, chunk_table, frag_table, meta: tuple,
-                group_name: str, options: str, scale: float, n_final_states: int, gate_params, beta_mode: tuple):
-        if traces_host_path(meta, workspace):
-            o, final_state, *saved = forward_body(
-                q, k, v, g, beta, initial_state, None, chunk_table, frag_table, list(meta), group_name, options,
-                scale, n_final_states, gate_params, *beta_mode,
-            )
+                group_name: str, options: str, scale: float, n_final_states: int, gate_params, beta_mode: tuple,
+                checkpoint: Probe | None):
+        args = (q, k, v, g, beta, initial_state)
+        tables = (chunk_table, frag_table, list(meta), group_name, options, scale, n_final_states, gate_params)
+        if checkpoint is not None and (checkpoint.keep_tapes or checkpoint.skip_output):
+            o, final_state, *both = torch.ops.gdn_kcp.recompute(*args, *tables, *beta_mode, checkpoint.keep_tapes,
+                                                                checkpoint.skip_output)
+            saved = split_saved(both, meta, q, v, options)
+            if checkpoint.keep_tapes:
+                kept = split_saved(both, meta, q, v, kept_tape_options(options_from_str(options)).op_arg)
+                hand_over(checkpoint.node, kept)
+                checkpoint.record.kept_bytes = sum(x.nbytes for x in kept if not any(x is y for y in saved))
+        elif traces_host_path(meta, workspace):
+            o, final_state, *saved = forward_body(*args, None, *tables, *beta_mode)
         else:
             o, final_state, *saved = torch.ops.gdn_kcp.fwd(
-                q, k, v, g, beta, initial_state, call_workspace(workspace, meta, q, v, options, "fwd"), chunk_table,
-                frag_table, list(meta), group_name, options, scale, n_final_states, gate_params, *beta_mode,
-            )
+                *args, call_workspace(workspace, meta, q, v, options, "fwd"), *tables, *beta_mode)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved)
         ctx.args = (meta, group_name, options, scale, n_final_states, beta_mode)
         ctx.workspace = workspace
+        ctx.kept_tapes = None
+        if checkpoint is not None:
+            checkpoint.register(ctx)
         ctx.mark_non_differentiable(*([] if n_final_states else [final_state]))
         return o, final_state
 
     @staticmethod
     def backward(ctx, do, d_final_state):
+        # the unpack runs torch's recompute under a checkpoint, which may hand this node its tapes
         q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved = ctx.saved_tensors
         meta, group_name, options, scale, n_final_states, beta_mode = ctx.args
+        workspace = ctx.workspace
+        if ctx.kept_tapes is not None:
+            saved, ctx.kept_tapes = list(ctx.kept_tapes), None
+            options = kept_tape_options(options_from_str(options)).op_arg
+            if workspace is not None and workspace.numel() < workspace_nbytes(
+                    meta, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, options, "bwd"):
+                workspace = None
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
         do, d_final_state = do.contiguous(), d_final_state.contiguous() if n_final_states else None
-        if traces_host_path(meta, ctx.workspace):
+        tables = (chunk_table, frag_table, list(meta), group_name, options, scale, needs_d_initial, gate_params,
+                  *beta_mode)
+        if traces_host_path(meta, workspace):
             dq, dk, dv, dg, dbeta, d_initial, d_gate = backward_body(
-                do, d_final_state, q, k, v, g, beta, initial_state, saved, None, chunk_table, frag_table,
-                list(meta), group_name, options, scale, needs_d_initial, gate_params, *beta_mode,
-            )
+                do, d_final_state, q, k, v, g, beta, initial_state, saved, None, *tables)
         else:
             dq, dk, dv, dg, dbeta, d_initial, d_gate = torch.ops.gdn_kcp.bwd(
                 do, d_final_state, q, k, v, g, beta, initial_state, saved,
-                call_workspace(ctx.workspace, meta, q, v, options, "bwd"), chunk_table, frag_table, list(meta),
-                group_name, options, scale, needs_d_initial, gate_params, *beta_mode,
-            )
+                call_workspace(workspace, meta, q, v, options, "bwd"), *tables)
         return (dq, dk, dv, dg, dbeta, d_initial if needs_d_initial else None,
-                None, None, None, None, None, None, None, None, d_gate if gate_params is not None else None, None)
+                None, None, None, None, None, None, None, None, d_gate if gate_params is not None else None, None,
+                None)
+
+
+def split_saved(tensors: list, meta: tuple, q, v, options: str) -> list:
+    """Of the ``SAVED_NAMES`` tensors ``gdn_kcp::recompute`` returns, those ``options`` save (the rest empty)."""
+    names = saved_names(meta, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, options)
+    empty = q.new_empty(0, dtype=compute_dtype(q.dtype))  # as gdn_kcp::fwd returns a name it does not save
+    return [x if name in names else empty for name, x in zip(SAVED_NAMES, tensors)]
+
+
+def checkpoint_probe(inputs: tuple, initial_state, gate_params, options: OptionsKcp) -> Probe | None:
+    """The probe of :mod:`gdn_kcp.checkpointing` for an eager call (None when traced: no frame, no record)."""
+    if torch.compiler.is_compiling():
+        return None
+    n_saves = 7 + len(SAVED_NAMES) + (initial_state is not None) + (gate_params is not None)
+    return probe(inputs, n_saves, options)
 
 
 MAX_K_TRITON, MAX_V_TRITON = 256, 512
@@ -181,9 +215,10 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     if initial_state is not None:
         initial_state = initial_state.contiguous()
+    gate_params = None if gate is None else gate.params(compute_dtype(q.dtype))
     return GdnFunction.apply(
         q, k, v, g, beta, initial_state, None if workspace is None else workspace.storage,
         index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options.op_arg, scale,
-        n_final_states, None if gate is None else gate.params(compute_dtype(q.dtype)),
-        (False, 1.0) if gate is None else gate.beta_mode,
+        n_final_states, gate_params, (False, 1.0) if gate is None else gate.beta_mode,
+        checkpoint_probe((q, k, v, g, beta, initial_state, gate_params), initial_state, gate_params, options),
     )

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from gdn_kcp.context import context_from_meta
 from gdn_kcp.host import Buffers, Call, host_backward, host_forward
-from gdn_kcp.options import options_from_str
+from gdn_kcp.options import kept_tape_options, options_from_str
 from gdn_kcp.queries.layout import CallLayout, gdn_workspace_layout_kcp, kernel_saved_layout
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.queries.shapes import SAVED_NAMES
@@ -165,3 +165,60 @@ def backward_body(
         d_initial = d_initial.to(initial_state.dtype)
     d_gate = grads.d_gate_params if grads.d_gate_params is not None else q.new_empty(0, dtype=compute_dtype(q.dtype))
     return grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, d_initial, d_gate
+
+
+@torch.library.custom_op("gdn_kcp::recompute", mutates_args=(), device_types=DEVICES)
+def recompute(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor], chunk_table: Tensor,
+    frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float, n_final_states: int,
+    gate_params: Optional[Tensor], beta_sigmoid: bool, beta_scale: float, keep_tapes: bool, skip_output: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """torch's recompute of a checkpointed call, eager (:mod:`gdn_kcp.checkpointing`):
+    :func:`fwd` with the host path's ``keep_tapes`` / ``skip_output``, each
+    pool its own tensor (the call's pools and, with ``keep_tapes``, those of a
+    ``save_mode="full"`` forward). Returns o (with ``skip_output`` one element
+    read at every index: torch discards it), the final states and one tensor
+    per name of ``SAVED_NAMES``: what the call's options save and, with
+    ``keep_tapes``, what :func:`gdn_kcp.options.kept_tape_options` saves
+    (:func:`saved_names` splits them)."""
+    check_contiguous(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
+    opts = options_from_str(options)
+    call = Call(ctx, opts, ctx.index, v.shape[1], q.shape[2], v.shape[2], scale, gate_params=gate_params,
+                beta_sigmoid=beta_sigmoid, beta_scale=beta_scale)
+    dims = (tuple(meta), q.shape[1], call.HV, call.K, call.V, q.dtype)
+    saved_layout, layout = call_layouts(*dims, options, "fwd")
+    pools, kept_layout = dict(layout.pools), {}
+    if keep_tapes:
+        kept_layout, kept_fwd = call_layouts(*dims, kept_tape_options(opts).op_arg, "fwd")
+        pools.update(kept_fwd.pools)
+    buffers = Buffers(Pools("fwd", pools, q.device), {**kept_layout, **saved_layout}, q.device, saving=True)
+    o, final_state = host_forward(q, k, v, g, beta, call, buffers, initial_state=initial_state,
+                                  n_final_states=n_final_states or None, keep_tapes=keep_tapes,
+                                  skip_output=skip_output)
+    cdt = compute_dtype(q.dtype)
+    if o is None:
+        o = q.new_empty_strided((q.shape[0], call.HV, call.V), (0, 0, 0))
+    if final_state is None:
+        final_state = q.new_empty(0, call.HV, call.K, call.V, dtype=cdt)
+    return (o, final_state, *(buffers.saved.get(name, q.new_empty(0, dtype=cdt)) for name in SAVED_NAMES))
+
+
+@recompute.register_fake
+def _recompute_fake(q, k, v, g, beta, initial_state, chunk_table, frag_table, meta, group_name, options, scale,
+                    n_final_states, gate_params, beta_sigmoid, beta_scale, keep_tapes, skip_output):
+    dims = (tuple(meta), q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype)
+    layout = dict(call_layouts(*dims, options, "fwd")[0])
+    if keep_tapes:
+        layout.update(call_layouts(*dims, kept_tape_options(options_from_str(options)).op_arg, "fwd")[0])
+    cdt = compute_dtype(q.dtype)
+    o = q.new_empty_strided((q.shape[0], v.shape[1], v.shape[2]), (0, 0, 0)) if skip_output else torch.empty_like(
+        v, dtype=q.dtype)
+    return (o, q.new_empty(n_final_states, v.shape[1], q.shape[2], v.shape[2], dtype=cdt),
+            *(q.new_empty(layout[name].shape, dtype=layout[name].dtype) if name in layout
+              else q.new_empty(0, dtype=cdt) for name in SAVED_NAMES))
+
+
+def saved_names(meta: tuple, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype, options: str) -> frozenset:
+    """The names of ``SAVED_NAMES`` the ``options`` save (the rest come back empty)."""
+    return frozenset(call_layouts(meta, H_qk, HV, K, V, dtype, options, "fwd")[0])

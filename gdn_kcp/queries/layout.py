@@ -387,3 +387,46 @@ def gdn_det_saved_layout_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, option
 def gdn_det_saved_bytes_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=None) -> int:
     """:func:`gdn_saved_bytes_kcp` of the deterministic twin."""
     return gdn_saved_bytes_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=_deterministic(options))
+
+
+@dataclass(frozen=True)
+class CheckpointBytes:
+    """What a checkpointed call whose recompute keeps its tapes
+    (``OptionsKcp.reuse_recompute_tapes``, docs/api.md "Activation checkpointing") binds.
+
+    kept_tapes: the figure ``bwd.kept_tapes``, the bytes of the tapes the
+        recompute hands the backward beyond the call's saved set (held from
+        the recompute until the call's backward ends; with a later saver in
+        the region, through that saver's backward too).
+    backward: the layout of the backward that binds them (a ``save_mode="full"``
+        backward: no prep, no tape walk); ``backward_transient`` is its figure.
+    """
+
+    kept_tapes: int
+    backward: CallLayout
+
+    @property
+    def backward_transient(self) -> int:
+        return self.backward.bytes
+
+
+def gdn_checkpoint_bytes_kcp(
+    ctx: KcpContext, H_qk: int, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.float32,
+    options: OptionsKcp | None = None,
+) -> CheckpointBytes:
+    """The bytes of a call whose checkpoint recompute keeps the tapes (:class:`CheckpointBytes`):
+    ``kept_tapes`` 0 under ``save_mode="full"``, which saves them itself. Example::
+
+        ck = gdn_checkpoint_bytes_kcp(ctx, 16, 32, 128, 128, dtype=torch.bfloat16)
+        ck.kept_tapes, ck.backward_transient
+    """
+    from gdn_kcp.options import kept_tape_options
+
+    options = options or OptionsKcp()
+    kept = kept_tape_options(options)
+    saved = kernel_saved_layout(ctx, H_qk, HV, K, V, dtype=dtype, options=options)
+    tapes = kernel_saved_layout(ctx, H_qk, HV, K, V, dtype=dtype, options=kept)
+    return CheckpointBytes(
+        kept_tapes=sum(spec.nbytes for name, spec in tapes.items() if name not in saved),
+        backward=gdn_workspace_layout_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=kept).bwd,
+    )

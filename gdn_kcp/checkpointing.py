@@ -1,0 +1,219 @@
+"""Activation checkpointing without the double work (docs/api.md, "Activation checkpointing").
+
+Under a non-reentrant ``torch.utils.checkpoint`` the region runs twice: the
+forward, then torch's recompute inside ``.backward()``, whose outputs are
+thrown away; a light backward then replays prep and the tape walk, which the
+recompute has just run. The probe here reads which pass a call is in from
+torch's checkpoint frame, so that the recompute can write the tapes the
+backward needs (``OptionsKcp.reuse_recompute_tapes``) and launch no output
+program when nothing reads it (``OptionsKcp.recompute_output``).
+
+What the probe reads is private to ``torch.utils.checkpoint``: the top
+saved-tensor hooks (``torch._C._autograd._top_saved_tensors_default_hooks``),
+told apart by the code objects of the checkpoint's and of the recompute's
+pack hooks, their closure cells (the frame, the graph task id), the frame's
+``weak_holders``, ``recomp_counter`` and ``early_stop``, and
+``torch._C._current_autograd_node``. It fails closed: a lookup that fails, a
+torch release outside :data:`VERIFIED_TORCH`, a traced call, a reentrant
+checkpoint or no grad take the ordinary path (the recompute runs the forward
+as it ran, the backward replays), and :func:`last_checkpoint_record` says why.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+VERIFIED_TORCH = ("2.13",)
+"""The torch releases (major.minor) whose checkpoint internals the tests run the probe on."""
+
+
+@dataclass
+class CheckpointRecord:
+    """What the probe found on the last eager call (:func:`last_checkpoint_record`).
+
+    phase: ``"none"`` (no non-reentrant checkpoint around the call),
+        ``"forward"`` (the checkpointed forward), ``"recompute"`` (torch's
+        recompute in the backward) or ``"unknown"`` (a lookup failed).
+    executable: grad is enabled and an input requires grad (the call records a node).
+    early_stop: the checkpoint stops its recompute at the region's last save.
+    saves_left: holders of the region not yet recomputed when the call ran
+        (recompute), or None. saves: the tensors this call saves.
+    last_saver: the call is the region's last operation that saves a tensor
+        (``saves_left == saves`` with early stop).
+    triggered_by_node: the recompute was started by this call's own backward.
+    kept_tapes: the recompute wrote the tapes and handed them to the backward.
+    output_skipped: the recompute launched no output program.
+    kept_bytes: the bytes of the kept tapes beyond what the call saves anyway
+        (``gdn_checkpoint_bytes_kcp(...).kept_tapes``).
+    torch_release, verified: the running torch (major.minor) and whether it
+        is one of :data:`VERIFIED_TORCH`.
+    reasons: why the call kept or replayed, skipped or launched the output.
+    """
+
+    phase: str = "none"
+    executable: bool = False
+    early_stop: bool | None = None
+    saves_left: int | None = None
+    saves: int = 0
+    last_saver: bool = False
+    triggered_by_node: bool = False
+    kept_tapes: bool = False
+    output_skipped: bool = False
+    kept_bytes: int = 0
+    torch_release: str = ""
+    verified: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+_LAST = CheckpointRecord()
+
+
+def last_checkpoint_record() -> CheckpointRecord:
+    """The probe's record of the last eager GDN call (a traced call leaves it as it was)."""
+    return _LAST
+
+
+def torch_release() -> str:
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _pack_hook_code(hook_class) -> object | None:
+    """The code object of the ``pack_hook`` a checkpoint hook class defines in its ``__init__``."""
+    for const in hook_class.__init__.__code__.co_consts:
+        if inspect.iscode(const) and const.co_name == "pack_hook":
+            return const
+    return None
+
+
+def _closure(fn) -> dict[str, object]:
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+
+
+_NODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""frame -> {index of the call's first holder: weakref to its node (ctx)}, for the calls the checkpointed forward
+ran, so that the recompute finds the node whose saves it is filling."""
+
+
+@dataclass
+class Probe:
+    """The probe's findings for one call and what the call does with them."""
+
+    record: CheckpointRecord
+    frame: object = None
+    first_holder: int = -1
+    node: object = None  # the original node (recompute), to hand the tapes to
+    keep_tapes: bool = False
+    skip_output: bool = False
+
+    def register(self, ctx) -> None:
+        """The checkpointed forward's node: found again by the recompute at the same holder index."""
+        if self.record.phase == "forward" and self.frame is not None:
+            _NODES.setdefault(self.frame, {})[self.first_holder] = weakref.ref(ctx)
+
+
+def _checkpoint_state(record: CheckpointRecord):
+    """``(phase, frame, gid)`` from the top saved-tensor hooks."""
+    from torch.utils import checkpoint
+
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if hooks is None:
+        return "none", None, None
+    pack = inspect.unwrap(hooks[0])
+    code = getattr(pack, "__code__", None)
+    if code is not None and code is _pack_hook_code(checkpoint._checkpoint_hook):
+        return "forward", _closure(pack)["frame"], None
+    if code is not None and code is _pack_hook_code(checkpoint._recomputation_hook):
+        cells = _closure(pack)
+        return "recompute", cells["target_frame_ref"](), cells["gid"]
+    record.reasons.append("the saved-tensor hooks are not a non-reentrant checkpoint's")
+    return "none", None, None
+
+
+def probe(inputs: tuple, n_saves: int, options) -> Probe:
+    """Where the call stands in a checkpoint, and whether its recompute keeps
+    the tapes and skips the output (``options``: the call's :class:`OptionsKcp`)."""
+    global _LAST
+    record = CheckpointRecord(saves=n_saves, torch_release=torch_release())
+    record.verified = record.torch_release in VERIFIED_TORCH
+    record.executable = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
+    found = Probe(record)
+    _LAST = record
+    try:
+        phase, frame, gid = _checkpoint_state(record)
+        record.phase = phase
+        if phase == "none":
+            if not record.reasons:
+                record.reasons.append("no non-reentrant checkpoint around the call")
+            return found
+        record.early_stop = bool(frame.early_stop)
+        if phase == "forward":
+            found.frame, found.first_holder = frame, len(frame.weak_holders)
+            record.reasons.append("the checkpointed forward: the node is registered for the recompute")
+            return found
+        next_holder = frame.recomp_counter[gid]
+        record.saves_left = len(frame.weak_holders) - next_holder
+        record.last_saver = record.early_stop and record.saves_left == n_saves
+        ref = _NODES.get(frame, {}).get(next_holder)
+        found.node = ref() if ref is not None else None
+        record.triggered_by_node = found.node is not None and torch._C._current_autograd_node() is found.node
+    except Exception as error:  # private internals: any surprise takes the ordinary path
+        record.phase = "unknown"
+        record.reasons.append(f"the checkpoint frame could not be read ({type(error).__name__}: {error})")
+        return found
+    _decide(found, options)
+    return found
+
+
+def _decide(found: Probe, options) -> None:
+    """The recompute's choices, each with its reason in the record."""
+    record = found.record
+    blockers = []
+    if not record.verified:
+        blockers.append(f"torch {record.torch_release} is not a verified release {VERIFIED_TORCH}")
+    if not record.executable:
+        blockers.append("the call records no node (no grad, or no input requires grad)")
+    if found.node is None:
+        blockers.append("the recompute found no node of the checkpointed forward at this call's holders")
+    if options.graph == "replay":
+        blockers.append("graph='replay' fixes every address: the recompute runs the forward as it ran")
+    reuse = options.reuse_tapes
+    if blockers:
+        record.reasons.extend(blockers)
+    elif options.save_mode == "full":
+        record.reasons.append("save_mode='full' saves the tapes itself: the recompute writes them")
+    elif reuse is False:
+        record.reasons.append("reuse_recompute_tapes=False: the backward replays")
+    elif reuse is True or (record.last_saver and record.triggered_by_node):
+        found.keep_tapes = True
+        record.reasons.append("kept: " + ("reuse_recompute_tapes=True" if reuse is True else
+                                          "the region's last saver, its backward the first to run"))
+    else:
+        record.reasons.append("replayed: " + ("a later operation of the region saves tensors"
+                                              if not record.last_saver else
+                                              "the recompute was not started by this call's backward"))
+    if blockers or options.recompute_output == "always":
+        if options.recompute_output == "always":
+            record.reasons.append("recompute_output='always': the output is launched")
+    elif record.last_saver and record.triggered_by_node:
+        found.skip_output = True
+        record.reasons.append("output skipped: the region's last saver, its output read by nothing")
+    else:
+        record.reasons.append("output launched: a later operation of the region may read it")
+    record.kept_tapes, record.output_skipped = found.keep_tapes, found.skip_output
+
+
+_LIVE: list = []
+"""The node holding the one kept tape set (a weakref), so that a second keep drops the first."""
+
+
+def hand_over(node, tapes: dict) -> None:
+    """Give ``tapes`` to ``node``'s backward; the node that held a kept set before falls back to the replay."""
+    if _LIVE and (previous := _LIVE[0]()) is not None and previous is not node:
+        previous.kept_tapes = None
+    _LIVE[:] = [weakref.ref(node)]
+    node.kept_tapes = tapes

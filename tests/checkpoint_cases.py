@@ -1,0 +1,152 @@
+"""Checkpointed regions around GDN (tests/test_checkpointing.py): a small model,
+its step with and without ``torch.utils.checkpoint``, and the programs each
+step launches."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import gdn_kcp.host.forward as host_forward
+from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp
+from gdn_kcp.checkpointing import last_checkpoint_record
+
+D_MODEL, H_QK, HV, K, V = 24, 1, 2, 16, 16
+BOUNDS = (0, 60, 150, 230)
+"""Three documents; on ranks the middle one crosses."""
+
+
+@contextlib.contextmanager
+def counted_programs():
+    """Count every program the host path launches (its backend's functions, by name)."""
+    counts: Counter = Counter()
+    original = host_forward.programs_for
+
+    class Counting:
+        def __init__(self, module) -> None:
+            self.module = module
+
+        def __getattr__(self, name):
+            fn = getattr(self.module, name)
+
+            def counted(*args, **kwargs):
+                counts[name] += 1
+                return fn(*args, **kwargs)
+            return counted
+
+    host_forward.programs_for = lambda device: Counting(original(device))
+    try:
+        yield counts
+    finally:
+        host_forward.programs_for = original
+
+
+class Model:
+    """Projections -> GDN -> (region "later": an output projection and a relu inside the region)."""
+
+    def __init__(self, dtype: torch.dtype, seed: int = 0, layers: int = 1, mlp: int = 0) -> None:
+        """``mlp``: the width of an MLP that closes the region ``"mlp"`` (0: none)."""
+        gen = torch.Generator().manual_seed(seed)
+
+        def weight(*shape):
+            return (torch.randn(*shape, generator=gen, dtype=torch.float64) / shape[0] ** 0.5).to(dtype)
+
+        self.layers = [dict(q=weight(D_MODEL, H_QK * K), k=weight(D_MODEL, H_QK * K), v=weight(D_MODEL, HV * V),
+                            a=weight(D_MODEL, HV), b=weight(D_MODEL, HV), o=weight(HV * V, D_MODEL),
+                            **(dict(up=weight(HV * V, mlp), down=weight(mlp, D_MODEL)) if mlp else {}))
+                       for _ in range(layers)]
+        self.params = [w.requires_grad_() for layer in self.layers for w in layer.values()]
+        self.x = torch.randn(1, BOUNDS[-1], D_MODEL, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+
+    def core(self, x, layer: dict, gdn):
+        T = x.shape[1]
+        q, k = (x @ layer["q"]).view(1, T, H_QK, K), (x @ layer["k"]).view(1, T, H_QK, K)
+        v = (x @ layer["v"]).view(1, T, HV, V)
+        g = torch.nn.functional.logsigmoid(x @ layer["a"])
+        beta = torch.sigmoid(x @ layer["b"])
+        return gdn(q, k, v, g, beta).reshape(1, T, HV * V)
+
+    def step(self, region: str, form: str, gdn, *, x=None, retain_graph: bool = False) -> list[torch.Tensor]:
+        """One forward and backward; ``form``: ``"none"``, ``"checkpoint"``
+        (non-reentrant), ``"reentrant"`` or ``"nested"``. ``region``:
+        ``"core"`` (the GDN call closes it), ``"later"`` (an output
+        projection and a relu after it inside the region), ``"mlp"`` (an MLP
+        of the model's width after it, inside the region) or ``"two"`` (two
+        GDN calls in one region, the second closing it). Returns x's and the
+        weights' gradients."""
+        x = self.x if x is None else x
+        leaves = (x, *self.params)
+        for p in leaves:
+            p.grad = None
+
+        def region_fn(x, layer):
+            o = self.core(x, layer, gdn)
+            if region == "mlp":
+                return torch.relu(o @ layer["up"]) @ layer["down"] + o @ layer["o"]
+            return torch.relu(o @ layer["o"]) if region == "later" else o
+
+        def two_fn(x):
+            first = self.core(x, self.layers[0], gdn) @ self.layers[0]["o"]
+            return self.core(first, self.layers[1], gdn)
+
+        def run(fn, *args):
+            if form == "none":
+                return fn(*args)
+            if form == "nested":
+                return checkpoint(lambda *a: checkpoint(fn, *a, use_reentrant=False), *args, use_reentrant=False)
+            return checkpoint(fn, *args, use_reentrant=form == "reentrant")
+
+        y = run(two_fn, x) if region == "two" else run(region_fn, x, self.layers[0])
+        if region not in ("later", "mlp"):
+            y = y @ self.layers[-1]["o"]
+        loss = y.float().square().sum()
+        loss.backward(retain_graph=retain_graph)
+        grads = [p.grad.clone() for p in leaves]
+        if retain_graph:  # the graph again: its recompute runs anew
+            for p in leaves:
+                p.grad = None
+            loss.backward()
+            grads += [p.grad.clone() for p in leaves]
+        return grads
+
+
+def one_rank(options: OptionsKcp, save_mode: str | None = None):
+    """The FLA-style entry on the whole stream, with the keywords of ``options``."""
+    cu = torch.tensor(BOUNDS)
+
+    def gdn(q, k, v, g, beta):
+        return chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                      save_mode=save_mode or options.save_mode,
+                                      reuse_recompute_tapes=options.reuse_recompute_tapes,
+                                      recompute_output=options.recompute_output)[0]
+    return gdn
+
+
+def assert_bitwise(expected: list[torch.Tensor], got: list[torch.Tensor], what: str) -> None:
+    assert len(expected) == len(got)
+    for i, (a, b) in enumerate(zip(expected, got)):
+        assert torch.equal(a, b), f"{what}: gradient {i} differs by {(a - b).abs().max().item()}"
+
+
+def run_ranks(rank: int, R: int, options_list: list[OptionsKcp], regions: tuple[str, ...]) -> None:
+    """On each rank: gdn_kcp on the rank's slice, each region checkpointed and
+    not, bitwise the same gradients; the record says what the recompute did."""
+    ctx = build_kcp_context(torch.tensor(BOUNDS))
+    start, end = ctx.rank_ranges[rank]
+    model = Model(torch.float64)
+    x = model.x.detach()[:, start:end].clone().requires_grad_()
+    for options in options_list:
+        def gdn(q, k, v, g, beta):
+            return gdn_kcp(q, k, v, g, beta, ctx, options=options)[0]
+        for region in regions:
+            expected = model.step(region, "none", gdn, x=x)
+            got = model.step(region, "checkpoint", gdn, x=x)
+            record = last_checkpoint_record()
+            assert_bitwise(expected, got, f"rank {rank} of {R}, {region}, {options}")
+            assert record.phase == "recompute", record
+            keeps = options.reuse_tapes is True or (options.reuse_tapes == "auto" and region == "core")
+            assert record.kept_tapes == keeps, record
+            assert record.output_skipped == (region == "core"), record

@@ -1,0 +1,229 @@
+"""Activation checkpointing without the double work (gdn_kcp.checkpointing):
+gradients bitwise equal to the step without checkpoint, the programs each step
+launches, the record of the last call and its fallbacks."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, counted_programs, one_rank, run_ranks
+from spawn import spawn_ranks
+
+from gdn_kcp import (OptionsKcp, build_kcp_context, gdn_checkpoint_bytes_kcp, gdn_kcp, gdn_saved_layout_kcp,
+                     gdn_workspace_layout_kcp, record_workspace)
+from gdn_kcp.checkpointing import VERIFIED_TORCH, last_checkpoint_record, torch_release
+from gdn_kcp.host.programs import use_programs
+
+REUSE = (None, True, False)
+
+
+def step(region: str, form: str, options: OptionsKcp, dtype=torch.float64, **kwargs):
+    """Gradients, program counts and the record of one step of a fresh model."""
+    model = Model(dtype, layers=2 if region == "two" else 1)
+    with counted_programs() as counts:
+        grads = model.step(region, form, one_rank(options), **kwargs)
+    return grads, Counter(counts), last_checkpoint_record()
+
+
+def test_the_running_torch_is_verified():
+    assert torch_release() in VERIFIED_TORCH, "run the checkpoint tests on this release, then add it to VERIFIED_TORCH"
+
+
+@pytest.mark.parametrize("save_mode", ["light", "inverse", "full"])
+@pytest.mark.parametrize("region", ["core", "later"])
+def test_checkpointed_gradients_are_bitwise_the_step_without(region, save_mode):
+    expected, plain, _ = step(region, "none", OptionsKcp(save_mode=save_mode))
+    for reuse in REUSE:
+        options = OptionsKcp(save_mode=save_mode, reuse_recompute_tapes=reuse)
+        got, counts, record = step(region, "checkpoint", options)
+        assert_bitwise(expected, got, f"{region}, reuse {reuse}")
+        assert record.phase == "recompute" and record.executable and record.early_stop, record
+        assert record.last_saver == record.triggered_by_node == (region == "core"), record
+        keeps = save_mode != "full" and (reuse is True or (reuse is None and region == "core"))
+        assert record.kept_tapes == keeps, record
+        assert record.output_skipped == (region == "core"), record
+        if save_mode != "light":
+            continue
+        # the light step without checkpoint: prep twice, the scores and the walk with the output once, the tape
+        # walk once (the backward's replay)
+        assert plain["prep"] == 2 and plain["scores"] == plain["walk_output"] == plain["tape_walk"] == 1, plain
+        if region == "core":  # the recompute does the backward's replay; the output is not launched again
+            assert counts == plain, (reuse, counts)
+        elif keeps:  # the recompute launches the output path and the tape walk, the backward replays nothing
+            assert counts == plain + Counter(scores=1, walk_output=1), counts
+        else:  # the recompute runs the forward again, the backward replays
+            assert counts == plain + Counter(prep=1, scores=1, walk_output=1), counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitwise_in_low_precision(dtype):
+    for region in ("core", "later"):
+        expected, _, _ = step(region, "none", OptionsKcp(), dtype)
+        for reuse in REUSE:
+            got, _, record = step(region, "checkpoint", OptionsKcp(reuse_recompute_tapes=reuse), dtype)
+            assert_bitwise(expected, got, f"{dtype}, {region}, reuse {reuse}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitwise_on_the_triton_programs(dtype):
+    with use_programs("cpu", "triton"):
+        expected, _, _ = step("core", "none", OptionsKcp(), dtype)
+        for reuse in (None, False):
+            got, counts, record = step("core", "checkpoint", OptionsKcp(reuse_recompute_tapes=reuse), dtype)
+            assert_bitwise(expected, got, f"triton {dtype}, reuse {reuse}")
+            assert record.kept_tapes == (reuse is None) and record.output_skipped, record
+
+
+def test_two_calls_in_one_region_only_the_last_keeps():
+    expected, plain, _ = step("two", "none", OptionsKcp())
+    got, counts, record = step("two", "checkpoint", OptionsKcp())
+    assert_bitwise(expected, got, "two calls")
+    assert record.kept_tapes and record.output_skipped, record  # the last call of the recompute: the second
+    got, counts, record = step("two", "checkpoint", OptionsKcp(reuse_recompute_tapes=True))
+    assert_bitwise(expected, got, "two calls, reuse True")
+
+
+def test_nested_checkpoints_and_retain_graph():
+    expected, _, _ = step("core", "none", OptionsKcp())
+    got, _, record = step("core", "nested", OptionsKcp())
+    assert_bitwise(expected, got, "nested")
+    assert record.phase == "recompute", record
+    expected, _, _ = step("core", "none", OptionsKcp(), retain_graph=True)
+    got, _, record = step("core", "checkpoint", OptionsKcp(), retain_graph=True)
+    assert_bitwise(expected, got, "retain_graph")
+
+
+def test_a_reentrant_checkpoint_falls_back_with_its_reason():
+    expected, plain, _ = step("core", "none", OptionsKcp())
+    got, counts, record = step("core", "reentrant", OptionsKcp())
+    assert_bitwise(expected, got, "reentrant")
+    assert record.phase == "none" and not record.kept_tapes and not record.output_skipped, record
+    assert record.reasons == ["no non-reentrant checkpoint around the call"]
+    assert counts == plain + Counter(prep=1, scores=1, walk_output=1), counts
+
+
+def test_no_grad_falls_back_with_its_reason():
+    model = Model(torch.float64)
+    with torch.no_grad():
+        torch.utils.checkpoint.checkpoint(model.core, model.x, model.layers[0], one_rank(OptionsKcp()),
+                                          use_reentrant=False)
+    record = last_checkpoint_record()
+    assert not record.executable and not record.kept_tapes and not record.output_skipped, record
+
+
+def test_output_always_and_replay_graphs_launch_the_output():
+    expected, plain, _ = step("core", "none", OptionsKcp())
+    got, counts, record = step("core", "checkpoint", OptionsKcp(recompute_output="always"))
+    assert_bitwise(expected, got, "recompute_output always")
+    assert record.kept_tapes and not record.output_skipped, record
+    assert counts == plain + Counter(scores=1, walk_output=1), counts
+    assert "recompute_output='always': the output is launched" in record.reasons
+
+
+def test_options_name_a_bad_value():
+    for bad in ("yes", 1, "always"):
+        with pytest.raises(ValueError, match="reuse_recompute_tapes"):
+            OptionsKcp(reuse_recompute_tapes=bad)
+    with pytest.raises(ValueError, match="recompute_output"):
+        OptionsKcp(recompute_output="never")
+    for refused in ("auto", True):
+        with pytest.raises(ValueError, match="reuse_recompute_tapes"):
+            OptionsKcp(graph="replay", reuse_recompute_tapes=refused)
+    assert OptionsKcp().reuse_tapes == "auto" and OptionsKcp(graph="replay").reuse_tapes is False
+    assert OptionsKcp(graph="replay", reuse_recompute_tapes=False).reuse_tapes is False
+
+
+@pytest.mark.parametrize("R", [2, 3])
+def test_checkpointed_ranks_are_bitwise(R):
+    options = [OptionsKcp(reuse_recompute_tapes=reuse) for reuse in REUSE]
+    options += [OptionsKcp(boundary_mode="replay", save_for_backward=False),
+                OptionsKcp(exchange="ring"), OptionsKcp(save_mode="inverse", boundary_mode="replay", segments=2)]
+    spawn_ranks(R, run_ranks, options, ("core", "later"))
+
+
+@pytest.mark.parametrize("save_mode", ["light", "inverse", "full"])
+def test_the_queries_state_the_kept_tapes_and_their_backward(save_mode):
+    """gdn_checkpoint_bytes_kcp at tolerance 0: the kept tapes' bytes beyond
+    the saved set (the record counts the tensors handed over) and the peak of
+    the backward that binds them (the arena's record of the real run)."""
+    ctx = build_kcp_context(list(BOUNDS))
+    options = OptionsKcp(save_mode=save_mode, use_qk_l2norm=True)
+
+    def gdn(q, k, v, g, beta):
+        return gdn_kcp(q, k, v, g, beta, ctx, options=options)[0]
+
+    with record_workspace() as workspaces:
+        Model(torch.bfloat16).step("core", "checkpoint", gdn)
+    record = last_checkpoint_record()
+    query = gdn_checkpoint_bytes_kcp(ctx, H_QK, HV, K, V, dtype=torch.bfloat16, options=options)
+    assert record.kept_tapes == (save_mode != "full") and record.kept_bytes == query.kept_tapes, (record, query)
+    saved = gdn_saved_layout_kcp(ctx, H_QK, HV, K, V, dtype=torch.bfloat16, options=options)
+    full = gdn_saved_layout_kcp(ctx, H_QK, HV, K, V, dtype=torch.bfloat16, options=OptionsKcp(
+        save_mode="full", use_qk_l2norm=True))
+    beyond_saved = sum(spec.nbytes for name, spec in full.items() if name not in saved)
+    assert query.kept_tapes == beyond_saved and (beyond_saved > 0) == (save_mode != "full")
+    assert workspaces.peak("bwd") == query.backward_transient
+    if save_mode == "full":
+        assert query.backward == gdn_workspace_layout_kcp(ctx, H_QK, HV, K, V, dtype=torch.bfloat16,
+                                                          options=options).bwd
+
+
+def test_memtracker_sees_the_kept_tapes_only_where_the_query_says():
+    """MemTracker on the CPU, a region closed by a wide MLP (a later saver,
+    whose backward holds the step's peak): ``"auto"`` replays there and peaks
+    as ``False`` does; ``True`` holds the kept tapes through the MLP's
+    backward, exactly their queried bytes more. In a region the GDN call
+    closes, ``"auto"`` keeps: its backward holds the kept tapes and the
+    ``save_mode="full"`` backward's workspace where the replay holds the light
+    backward's, ``kept_tapes + backward_transient - light backward`` more."""
+    ctx = build_kcp_context(list(BOUNDS))
+    peaks, records = {}, {}
+    for region in ("mlp", "core"):
+        for reuse in REUSE:
+            model = Model(torch.float64, mlp=2048 if region == "mlp" else 0)
+            tracker = MemTracker()
+            options = OptionsKcp(use_qk_l2norm=True, reuse_recompute_tapes=reuse)
+            with tracker:
+                model.step(region, "checkpoint", lambda *x: gdn_kcp(*x, ctx, options=options)[0])
+            peaks[region, reuse] = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+            records[region, reuse] = last_checkpoint_record()
+    options = OptionsKcp(use_qk_l2norm=True)
+    query = gdn_checkpoint_bytes_kcp(ctx, H_QK, HV, K, V, dtype=torch.float64, options=options)
+    light = gdn_workspace_layout_kcp(ctx, H_QK, HV, K, V, dtype=torch.float64, options=options).bwd.bytes
+    assert peaks["mlp", None] == peaks["mlp", False]
+    assert peaks["mlp", True] == peaks["mlp", False] + query.kept_tapes == peaks["mlp", False] + records[
+        "mlp", True].kept_bytes
+    assert peaks["core", None] == peaks["core", True] == (
+        peaks["core", False] + query.kept_tapes + query.backward_transient - light)
+
+
+def test_a_checkpointed_region_compiles_with_fullgraph():
+    """torch.compile(fullgraph=True) of a checkpointed region on the opaque
+    ops: bitwise the gradients of the same region compiled without the
+    checkpoint (aot_eager decomposes the projections' pointwise ops, so eager
+    differs from both by fp64 rounding), and the probe stays out of the
+    traced code (the record is the last eager call's)."""
+    torch._dynamo.reset()
+    model = Model(torch.float64)
+    gdn = one_rank(OptionsKcp())
+
+    def plain(x, layer):
+        return model.core(x, layer, gdn)
+
+    def region(x, layer):
+        return torch.utils.checkpoint.checkpoint(model.core, x, layer, gdn, use_reentrant=False)
+
+    model.step("core", "checkpoint", gdn)
+    before = last_checkpoint_record()
+    grads = []
+    for fn in (plain, region):
+        for p in (model.x, *model.params):
+            p.grad = None
+        out = torch.compile(fn, fullgraph=True, backend="aot_eager")(model.x, model.layers[0])
+        (out @ model.layers[0]["o"]).float().square().sum().backward()
+        grads.append([p.grad for p in (model.x, *model.params)])
+    assert_bitwise(grads[0], grads[1], "compiled checkpoint")
+    assert last_checkpoint_record() is before
