@@ -47,8 +47,13 @@ class CheckpointRecord:
     triggered_by_node: the recompute was started by this call's own backward.
     kept_tapes: the recompute wrote the tapes and handed them to the backward.
     output_skipped: the recompute launched no output program.
-    kept_bytes: the bytes of the kept tapes beyond what the call saves anyway
-        (``gdn_checkpoint_bytes_kcp(...).kept_tapes``).
+    tapes_in_workspace: the kept tapes went into their pools of the call's
+        backward workspace, allocated by the recompute rather than after it
+        (the region's last saver: its backward runs next; nothing is held
+        beyond what the replay holds).
+    kept_bytes: the bytes of kept tapes held as tensors of their own beyond
+        what the call saves anyway (a later saver with ``True``:
+        ``gdn_checkpoint_bytes_kcp(...).kept_tapes``; 0 in the workspace).
     torch_release, verified: the running torch (major.minor) and whether it
         is one of :data:`VERIFIED_TORCH`.
     reasons: why the call kept or replayed, skipped or launched the output.
@@ -63,6 +68,7 @@ class CheckpointRecord:
     triggered_by_node: bool = False
     kept_tapes: bool = False
     output_skipped: bool = False
+    tapes_in_workspace: bool = False
     kept_bytes: int = 0
     torch_release: str = ""
     verified: bool = False
@@ -108,6 +114,9 @@ class Probe:
     node: object = None  # the original node (recompute), to hand the tapes to
     keep_tapes: bool = False
     skip_output: bool = False
+    tapes_in_workspace: bool = False
+    """Keep the tapes in the pools of the call's backward workspace (the
+    region's last saver: that backward runs next), not as tensors of their own."""
 
     def register(self, ctx) -> None:
         """The checkpointed forward's node: found again by the recompute at the same holder index."""
@@ -204,7 +213,9 @@ def _decide(found: Probe, options) -> None:
         record.reasons.append("output skipped: the region's last saver, its output read by nothing")
     else:
         record.reasons.append("output launched: a later operation of the region may read it")
+    found.tapes_in_workspace = found.keep_tapes and record.last_saver and record.triggered_by_node
     record.kept_tapes, record.output_skipped = found.keep_tapes, found.skip_output
+    record.tapes_in_workspace = found.tapes_in_workspace
 
 
 _LIVE: list = []

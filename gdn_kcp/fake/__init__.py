@@ -34,7 +34,7 @@ def _fwd_fake(q, k, v, g, beta, initial_state, workspace, chunk_table, frag_tabl
 
 @library.bwd.register_fake
 def _bwd_fake(do, d_final_state, q, k, v, g, beta, initial_state, saved, workspace, chunk_table, frag_table, meta,
-              group_name, options, scale, needs_d_initial, gate_params, beta_sigmoid, beta_scale):
+              group_name, options, scale, needs_d_initial, gate_params, beta_sigmoid, beta_scale, tapes_ready=False):
     if needs_d_initial and initial_state is not None:
         d_initial = torch.empty_like(initial_state)
     else:

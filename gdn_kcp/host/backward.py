@@ -63,8 +63,9 @@ def run_w_u(k, v, g, beta, call: Call, buffers: Buffers, saved: dict[str, torch.
     second launch only, with the saved k norm."""
     tapes = ForwardTapes(A=saved["A"], w=buffers.take("w"), v_new=buffers.take("v_new"),
                          q_rstd=saved.get("q_rstd"), k_rstd=saved.get("k_rstd"))
-    call.programs.w_u(k, v, g, beta, tapes.A, call.index, k_rstd=tapes.k_rstd, w_out=tapes.w, u_out=tapes.v_new,
-                      **call.gate, **call.beta)
+    if not call.tapes_ready:
+        call.programs.w_u(k, v, g, beta, tapes.A, call.index, k_rstd=tapes.k_rstd, w_out=tapes.w,
+                          u_out=tapes.v_new, **call.gate, **call.beta)
     return tapes
 
 
@@ -106,12 +107,13 @@ def host_backward(
             tapes = run_w_u(k, v, g, beta, call, buffers, saved)
         else:
             tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
-        seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd")
+        # tapes ready: v_new holds v_new, not u, and no walk runs from the segments' starts
+        seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd", with_s=not call.tapes_ready)
         s_in = saved.get("s_in")
         if replayed:
             s_in, summary, kept_m = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
                                                            phase_call="bwd", seg=seg)
-        if seg is not None:
+        if seg is not None and not call.tapes_ready:
             compose_starts(call, seg, buffers, phase_call="bwd", initial_state=initial_state, s_in=s_in,
                            final_state_out=None)
 
@@ -125,7 +127,7 @@ def host_backward(
                                              frag_table=fenced(index.frag_table)))
         if replayed and s_in is not None:
             arena.release("s_in")
-        if seg is not None:
+        if seg is not None and not call.tapes_ready:
             arena.release("seg_start")
 
     if not plan.keeps_tapes and not overlap:

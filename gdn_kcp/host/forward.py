@@ -57,9 +57,14 @@ class Buffers:
     layout names it, else a pool of the arena."""
 
     def __init__(
-        self, arena: Arena, saved_layout: dict[str, SavedSpec], device: torch.device, *, saving: bool
+        self, arena: Arena, saved_layout: dict[str, SavedSpec], device: torch.device, *, saving: bool,
+        into: dict[str, torch.Tensor] | None = None,
     ) -> None:
+        """``into``: tensors that named buffers are written into instead (a
+        checkpoint's recompute writing the tapes into the backward's pools);
+        they outlive the call, as saved tensors do."""
         self.arena, self.saved_layout, self.device, self.saving = arena, saved_layout, device, saving
+        self.into = into or {}
         self.saved: dict[str, torch.Tensor] = {}
         self.after: list[torch.Tensor] = []
         """Traced: what the next exchange runs after (:meth:`follow`, :meth:`exchanged`)."""
@@ -74,8 +79,9 @@ class Buffers:
         self.after = [received]
 
     def keeps(self, name: str) -> bool:
-        """True when the forward saves ``name`` (in the backward: when it was saved)."""
-        return name in self.saved_layout
+        """True when the forward saves ``name`` (in the backward: when it was
+        saved), or writes it into a tensor of :attr:`into`."""
+        return name in self.saved_layout or name in self.into
 
     def new_saved(self, name: str) -> torch.Tensor:
         if not self.saving:
@@ -85,6 +91,8 @@ class Buffers:
         return self.saved[name]
 
     def take(self, name: str) -> torch.Tensor:
+        if name in self.into:
+            return self.into[name]
         return self.new_saved(name) if self.keeps(name) else self.arena.bind(name)
 
     def spec(self, name: str):
@@ -123,6 +131,10 @@ class Call:
     as_ops: bool = False
     """Run each program as its ``gdn_kcp::<program>`` op (the traced host
     path, :mod:`gdn_kcp.ops.programs`) rather than calling it directly."""
+    tapes_ready: bool = False
+    """A backward whose pools already hold the tapes (a checkpoint's recompute
+    wrote them there, :mod:`gdn_kcp.checkpointing`): prep, W/U and the tape
+    walk bind their pools and launch nothing."""
 
     @property
     def gate(self) -> dict:
@@ -163,11 +175,12 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
         A=take("A"), w=take("w"), v_new=take("v_new"),
         q_rstd=take("q_rstd") if call.norms else None, k_rstd=take("k_rstd") if call.norms else None,
     )
-    call.programs.prep(
-        q, k, v, g, beta, call.index,
-        A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
-        q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd, **call.gate, **call.beta,
-    )
+    if not call.tapes_ready:
+        call.programs.prep(
+            q, k, v, g, beta, call.index,
+            A_out=tapes.A, w_out=tapes.w, u_out=tapes.v_new,
+            q_rstd_out=tapes.q_rstd, k_rstd_out=tapes.k_rstd, **call.gate, **call.beta,
+        )
     if not with_A:
         buffers.drop("A")
         tapes.A = None
@@ -181,6 +194,8 @@ def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, in
     ``index``: that index, when the caller passes it (fenced, see
     :class:`gdn_kcp.exchange.a2a.InFlight`)."""
     tapes.h = buffers.take("h")
+    if call.tapes_ready:
+        return
     call.programs.tape_walk(
         k, tapes.w, tapes.v_new, g, walk_index(call, seg) if index is None else index,
         k_rstd=tapes.k_rstd, initial_state=initial_state, s_in=walk_start(call, s_in),

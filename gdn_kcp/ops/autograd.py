@@ -117,12 +117,17 @@ class GdnFunction(torch.autograd.Function):
         args = (q, k, v, g, beta, initial_state)
         tables = (chunk_table, frag_table, list(meta), group_name, options, scale, n_final_states, gate_params)
         if checkpoint is not None and (checkpoint.keep_tapes or checkpoint.skip_output):
+            # the region's last saver keeps its tapes in the pools of its backward's workspace, allocated now
+            into = call_workspace(checkpoint.node.workspace, meta, q, v, options, "bwd") if (
+                checkpoint.tapes_in_workspace) else None
             o, final_state, *both = torch.ops.gdn_kcp.recompute(*args, *tables, *beta_mode, checkpoint.keep_tapes,
-                                                                checkpoint.skip_output)
+                                                                checkpoint.skip_output, into)
             saved = split_saved(both, meta, q, v, options)
-            if checkpoint.keep_tapes:
+            if into is not None:
+                hand_over(checkpoint.node, ("workspace", into))
+            elif checkpoint.keep_tapes:
                 kept = split_saved(both, meta, q, v, kept_tape_options(options_from_str(options)).op_arg)
-                hand_over(checkpoint.node, kept)
+                hand_over(checkpoint.node, ("tapes", kept))
                 checkpoint.record.kept_bytes = sum(x.nbytes for x in kept if not any(x is y for y in saved))
         elif traces_host_path(meta, workspace):
             o, final_state, *saved = forward_body(*args, None, *tables, *beta_mode)
@@ -143,9 +148,13 @@ class GdnFunction(torch.autograd.Function):
         # the unpack runs torch's recompute under a checkpoint, which may hand this node its tapes
         q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved = ctx.saved_tensors
         meta, group_name, options, scale, n_final_states, beta_mode = ctx.args
-        workspace = ctx.workspace
-        if ctx.kept_tapes is not None:
-            saved, ctx.kept_tapes = list(ctx.kept_tapes), None
+        workspace, tapes_ready = ctx.workspace, False
+        kind, kept = ctx.kept_tapes or (None, None)
+        ctx.kept_tapes = None
+        if kind == "workspace":  # the tapes in their pools: bind them there, launch neither prep nor the walk
+            workspace, tapes_ready = kept, True
+        elif kind == "tapes":  # the tapes as tensors: the backward of save_mode="full"
+            saved = list(kept)
             options = kept_tape_options(options_from_str(options)).op_arg
             if workspace is not None and workspace.numel() < workspace_nbytes(
                     meta, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, options, "bwd"):
@@ -160,7 +169,7 @@ class GdnFunction(torch.autograd.Function):
         else:
             dq, dk, dv, dg, dbeta, d_initial, d_gate = torch.ops.gdn_kcp.bwd(
                 do, d_final_state, q, k, v, g, beta, initial_state, saved,
-                call_workspace(workspace, meta, q, v, options, "bwd"), *tables)
+                call_workspace(workspace, meta, q, v, options, "bwd"), *tables, tapes_ready)
         return (dq, dk, dv, dg, dbeta, d_initial if needs_d_initial else None,
                 None, None, None, None, None, None, None, None, d_gate if gate_params is not None else None, None,
                 None)

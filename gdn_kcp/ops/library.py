@@ -23,6 +23,7 @@ from torch import Tensor
 
 from gdn_kcp.context import context_from_meta
 from gdn_kcp.host import Buffers, Call, host_backward, host_forward
+from gdn_kcp.host.forward import PREP_TAPES
 from gdn_kcp.options import kept_tape_options, options_from_str
 from gdn_kcp.queries.layout import CallLayout, gdn_workspace_layout_kcp, kernel_saved_layout
 from gdn_kcp.dtypes import compute_dtype
@@ -67,13 +68,14 @@ class TensorSpec(NamedTuple):
 
 
 def op_setup(q: Tensor, v: Tensor, workspace: Tensor | None, chunk_table, frag_table, meta, group_name, options,
-             scale, which: str, gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float
-             ) -> tuple[Call, dict, Buffers]:
+             scale, which: str, gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float,
+             tapes_ready: bool = False) -> tuple[Call, dict, Buffers]:
     """The call, its saved layout and its buffers (the ``which`` call's arena
     over ``workspace``; with None, :class:`Pools`), rebuilt from the op's arguments."""
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
     call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale,
-                gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale, as_ops=workspace is None)
+                gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale, as_ops=workspace is None,
+                tapes_ready=tapes_ready)
     dims = (tuple(meta), q.shape[1], call.HV, call.K, call.V, q.dtype, options, which)
     if workspace is None:
         saved, pools = traced_layouts(*dims)
@@ -130,28 +132,32 @@ def bwd(
     do: Tensor, d_final_state: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     initial_state: Optional[Tensor], saved: list[Tensor], workspace: Tensor, chunk_table: Tensor,
     frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float, needs_d_initial: bool,
-    gate_params: Optional[Tensor], beta_sigmoid: bool, beta_scale: float,
+    gate_params: Optional[Tensor], beta_sigmoid: bool, beta_scale: float, tapes_ready: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One rank's backward: ``(dq, dk, dv, dg, dbeta, d_initial_state,
     d_gate_params)``; d_initial_state is empty unless ``needs_d_initial``,
     d_gate_params ``[2, HV]`` empty without gate_params (dg and dbeta are then
     the gradients of the raw inputs). ``saved`` is what :func:`fwd` returned
-    after o and the final states, in ``SAVED_NAMES`` order."""
+    after o and the final states, in ``SAVED_NAMES`` order. ``tapes_ready``:
+    ``workspace`` already holds the tapes in their pools (:func:`recompute`
+    wrote them): the backward launches neither prep nor the tape walk."""
     return backward_body(do, d_final_state, q, k, v, g, beta, initial_state, saved, workspace, chunk_table,
                          frag_table, meta, group_name, options, scale, needs_d_initial, gate_params, beta_sigmoid,
-                         beta_scale)
+                         beta_scale, tapes_ready)
 
 
 def backward_body(
     do: Tensor, d_final_state: Tensor | None, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     initial_state: Tensor | None, saved: list[Tensor], workspace: Tensor | None, chunk_table: Tensor,
     frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float, needs_d_initial: bool,
-    gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float,
+    gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float, tapes_ready: bool = False,
 ) -> tuple[Tensor, ...]:
     """:func:`bwd`'s body; ``workspace`` None: each pool its own tensor."""
     check_contiguous(do=do, d_final_state=d_final_state, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    if tapes_ready and workspace is None:
+        raise ValueError("tapes_ready=True reads the tapes from the workspace's pools: pass that workspace")
     call, saved_layout, buffers = op_setup(q, v, workspace, chunk_table, frag_table, meta, group_name, options,
-                                           scale, "bwd", gate_params, beta_sigmoid, beta_scale)
+                                           scale, "bwd", gate_params, beta_sigmoid, beta_scale, tapes_ready)
     kept = {name: tensor for name, tensor in zip(SAVED_NAMES, saved) if name in saved_layout}
     grads = host_backward(
         q, k, v, g, beta, do, call, buffers, kept,
@@ -167,11 +173,12 @@ def backward_body(
     return grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, d_initial, d_gate
 
 
-@torch.library.custom_op("gdn_kcp::recompute", mutates_args=(), device_types=DEVICES)
+@torch.library.custom_op("gdn_kcp::recompute", mutates_args=("tapes_into",), device_types=DEVICES)
 def recompute(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor], chunk_table: Tensor,
     frag_table: Tensor, meta: list[int], group_name: str, options: str, scale: float, n_final_states: int,
     gate_params: Optional[Tensor], beta_sigmoid: bool, beta_scale: float, keep_tapes: bool, skip_output: bool,
+    tapes_into: Optional[Tensor],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """torch's recompute of a checkpointed call, eager (:mod:`gdn_kcp.checkpointing`):
     :func:`fwd` with the host path's ``keep_tapes`` / ``skip_output``, each
@@ -180,7 +187,9 @@ def recompute(
     read at every index: torch discards it), the final states and one tensor
     per name of ``SAVED_NAMES``: what the call's options save and, with
     ``keep_tapes``, what :func:`gdn_kcp.options.kept_tape_options` saves
-    (:func:`saved_names` splits them)."""
+    (:func:`saved_names` splits them). With ``tapes_into`` (the workspace of
+    the call's backward, uint8) the tapes go into their pools there instead,
+    where :func:`bwd` with ``tapes_ready`` binds them (none is returned)."""
     check_contiguous(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
     opts = options_from_str(options)
@@ -188,11 +197,16 @@ def recompute(
                 beta_sigmoid=beta_sigmoid, beta_scale=beta_scale)
     dims = (tuple(meta), q.shape[1], call.HV, call.K, call.V, q.dtype)
     saved_layout, layout = call_layouts(*dims, options, "fwd")
-    pools, kept_layout = dict(layout.pools), {}
+    pools, kept_layout, into = dict(layout.pools), {}, {}
     if keep_tapes:
         kept_layout, kept_fwd = call_layouts(*dims, kept_tape_options(opts).op_arg, "fwd")
         pools.update(kept_fwd.pools)
-    buffers = Buffers(Pools("fwd", pools, q.device), {**kept_layout, **saved_layout}, q.device, saving=True)
+    if keep_tapes and tapes_into is not None:
+        backward = Arena(tapes_into, call_layouts(*dims, options, "bwd")[1], graph=opts.graph == "replay")
+        into = {name: backward.bind(name) for name in PREP_TAPES + ("h",) if name in backward.pools}
+        kept_layout = {}
+    buffers = Buffers(Pools("fwd", pools, q.device), {**kept_layout, **saved_layout}, q.device, saving=True,
+                      into=into)
     o, final_state = host_forward(q, k, v, g, beta, call, buffers, initial_state=initial_state,
                                   n_final_states=n_final_states or None, keep_tapes=keep_tapes,
                                   skip_output=skip_output)
@@ -206,10 +220,10 @@ def recompute(
 
 @recompute.register_fake
 def _recompute_fake(q, k, v, g, beta, initial_state, chunk_table, frag_table, meta, group_name, options, scale,
-                    n_final_states, gate_params, beta_sigmoid, beta_scale, keep_tapes, skip_output):
+                    n_final_states, gate_params, beta_sigmoid, beta_scale, keep_tapes, skip_output, tapes_into):
     dims = (tuple(meta), q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype)
     layout = dict(call_layouts(*dims, options, "fwd")[0])
-    if keep_tapes:
+    if keep_tapes and tapes_into is None:
         layout.update(call_layouts(*dims, kept_tape_options(options_from_str(options)).op_arg, "fwd")[0])
     cdt = compute_dtype(q.dtype)
     o = q.new_empty_strided((q.shape[0], v.shape[1], v.shape[2]), (0, 0, 0)) if skip_output else torch.empty_like(
