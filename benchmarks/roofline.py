@@ -63,7 +63,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -218,10 +218,12 @@ def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False
     return {"fwd": fwd, "bwd": bwd}
 
 
-def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: int = 1) -> list[Launch]:
+def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: int = 1,
+                 programs: Mapping[str, Sequence[str]] | None = None) -> list[Launch]:
     """Every Triton launch of :func:`our_programs` under ``save_mode`` with P
     intra-rank segments per fragment (the plan's: :func:`plan_p`); ``e``:
-    bytes per element of each pool (and saved tape)."""
+    bytes per element of each pool (and saved tape). ``programs``: other
+    program names per phase instead (a checkpointed step's, counted)."""
     C, K, V, HV, H, NC = s.C, s.K, s.V, s.HV, s.H, s.NC
     BC, BW = INVERSE_BLOCK, walk_block(V)  # BW: the walks' value tile
     NW, G, n = -(-V // BW), HV // H, BF16
@@ -320,15 +322,15 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
         work = Work(bytes=BT_NORM * (G * K * e["dq_heads"] + e["q_rstd"] + 2 * K * n))
         return [Launch(phase, "bwd_qk_norm_kernel", -(-s.T // BT_NORM) * H, work)] * 2  # dq, dk
 
-    programs = {"prep": prep, "w_u": w_u, "tape_walk": tape_walk, "output": output, "scores": scores,
+    by_name = {"prep": prep, "w_u": w_u, "tape_walk": tape_walk, "output": output, "scores": scores,
                 "walk_output": walk_output, "bwd_local_dv": bwd_local_dv,
                 "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
                 "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm,
                 "segment_summary": segment_summary, "adjoint_segment_summary": adjoint_segment_summary,
                 "compose_segments": lambda phase: compose("compose_segments_kernel", phase),
                 "compose_adjoints": lambda phase: compose("compose_adjoints_kernel", phase)}
-    return [launch for phase, names in our_programs(save_mode, K, P > 1).items() for name in names
-            for launch in programs[name](phase)]
+    phases = our_programs(save_mode, K, P > 1) if programs is None else programs
+    return [launch for phase, names in phases.items() for name in names for launch in by_name[name](phase)]
 
 
 def plan_p(ctx, s: Shape) -> int:

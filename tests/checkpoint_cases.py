@@ -4,44 +4,15 @@ step launches."""
 
 from __future__ import annotations
 
-import contextlib
-from collections import Counter
-
 import torch
 from torch.utils.checkpoint import checkpoint
 
-import gdn_kcp.host.forward as host_forward
 from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp
 from gdn_kcp.checkpointing import last_checkpoint_record
 
 D_MODEL, H_QK, HV, K, V = 24, 1, 2, 16, 16
 BOUNDS = (0, 60, 150, 230)
 """Three documents; on ranks the middle one crosses."""
-
-
-@contextlib.contextmanager
-def counted_programs():
-    """Count every program the host path launches (its backend's functions, by name)."""
-    counts: Counter = Counter()
-    original = host_forward.programs_for
-
-    class Counting:
-        def __init__(self, module) -> None:
-            self.module = module
-
-        def __getattr__(self, name):
-            fn = getattr(self.module, name)
-
-            def counted(*args, **kwargs):
-                counts[name] += 1
-                return fn(*args, **kwargs)
-            return counted
-
-    host_forward.programs_for = lambda device: Counting(original(device))
-    try:
-        yield counts
-    finally:
-        host_forward.programs_for = original
 
 
 class Model:

@@ -37,7 +37,7 @@ class PinnedPrintouts(expecttest.TestCase):
     def test_summary(self):
         self.assertExpectedInline(budget(SMALL + " --layers 4"), """\
 budget: T = 1000 tokens in 3 documents over R = 3 ranks; H_qk = 2, HV = 4, K = 64, V = 64, bf16 inputs
-  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=False, conv_size=4)
+  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=False, conv_size=4, reuse_recompute_tapes=None, recompute_output='auto')
   segments: the plan's P = 1 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
@@ -54,7 +54,7 @@ traffic of 4 layers per training step, per rank: N x comm sent; at most 655,360 
     def test_summary_with_the_layers_convolution(self):
         self.assertExpectedInline(budget(SMALL + " --layers 4 --with-conv --conv-size 3"), """\
 budget: T = 1000 tokens in 3 documents over R = 3 ranks; H_qk = 2, HV = 4, K = 64, V = 64, bf16 inputs
-  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=True, conv_size=3)
+  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=True, conv_size=3, reuse_recompute_tapes=None, recompute_output='auto')
   segments: the plan's P = 1 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
@@ -71,7 +71,7 @@ traffic of 4 layers per training step, per rank: N x comm sent; at most 671,744 
     def test_detail(self):
         self.assertExpectedInline(budget("budget --docs 100,60 --ranks 2 --hq 1 --hv 2 --k 16 --v 16 --segments 2 --detail"), """\
 budget: T = 160 tokens in 2 documents over R = 2 ranks; H_qk = 1, HV = 2, K = 16, V = 16, bf16 inputs
-  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=2, use_qk_l2norm=False, with_conv=False, conv_size=4)
+  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=2, use_qk_l2norm=False, with_conv=False, conv_size=4, reuse_recompute_tapes=None, recompute_output='auto')
   segments: the plan's P = 1 on 132 SMs (longest fragment 2 chunks, at most 2 fragments per rank; gdn_kcp.plan), --segments 2 given
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)

@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
-from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, counted_programs, one_rank, run_ranks
+from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, one_rank, run_ranks
 from spawn import spawn_ranks
 
 from gdn_kcp import (OptionsKcp, build_kcp_context, gdn_checkpoint_bytes_kcp, gdn_kcp, gdn_saved_layout_kcp,
                      gdn_workspace_layout_kcp, record_workspace)
 from gdn_kcp.checkpointing import VERIFIED_TORCH, last_checkpoint_record, torch_release
-from gdn_kcp.host.programs import use_programs
+from gdn_kcp.host.programs import count_programs, use_programs
 
 REUSE = (None, True, False)
 
@@ -23,7 +23,7 @@ REUSE = (None, True, False)
 def step(region: str, form: str, options: OptionsKcp, dtype=torch.float64, **kwargs):
     """Gradients, program counts and the record of one step of a fresh model."""
     model = Model(dtype, layers=2 if region == "two" else 1)
-    with counted_programs() as counts:
+    with count_programs() as counts:
         grads = model.step(region, form, one_rank(options), **kwargs)
     return grads, Counter(counts), last_checkpoint_record()
 

@@ -4,6 +4,7 @@ extra, not a dependency): a fresh ``make demo`` venv has none."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,10 @@ def test_demo_runs_without_numpy(tmp_path):
     assert lines[0].startswith("KCP: 64 packed tokens")
     rows = [line for line in lines if line.split()[:2] in (["0", "0-32"], ["1", "32-64"])]
     assert len(rows) == 4 and all(line.endswith("yes") for line in rows), run.stdout  # two per exchange
+    kept = next(i for i, line in enumerate(lines) if line.startswith("  checkpoint: the recompute"))
+    assert "kept the tapes, launched no output" in lines[kept], run.stdout
+    launched, plain = re.match(r" +(\d+) program launches a step \((\d+) without", lines[kept + 1]).groups()
+    assert launched == plain, lines[kept + 1]  # the checkpointed core costs no launch
     oracle = lines.index("max |chunked fp32 - naive fp64 oracle| on the trained layer:")
     assert lines[oracle + 3].startswith("training a 2-layer GatedDeltaNet byte LM")
     held_out = [line for line in lines if "held-out" in line and "bits per byte" in line]

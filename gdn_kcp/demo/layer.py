@@ -9,7 +9,9 @@ import time
 import torch
 from torch import nn
 
+from gdn_kcp.checkpointing import last_checkpoint_record
 from gdn_kcp.chunk import chunk_gated_delta_rule
+from gdn_kcp.host.programs import count_programs
 from gdn_kcp.reference import naive_recurrence
 
 
@@ -38,9 +40,36 @@ class GatedDeltaNetLayer(nn.Module):
         beta = torch.sigmoid(self.beta_proj(x))
         return [q, k, v, g, beta]
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def core(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """The projections and the GDN call: a checkpoint region the GDN call
+        closes, so its recompute keeps the tapes for the backward (docs/api.md,
+        "Activation checkpointing")."""
         o, _ = chunk_gated_delta_rule(*self.gdn_inputs(x), use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+        return o
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, checkpointed: bool = False) -> torch.Tensor:
+        if checkpointed:
+            o = torch.utils.checkpoint.checkpoint(self.core, x, cu_seqlens, use_reentrant=False)
+        else:
+            o = self.core(x, cu_seqlens)
         return self.o_proj(o.flatten(2))
+
+
+def saved_activation_bytes(layer: GatedDeltaNetLayer, x: torch.Tensor, cu_seqlens: torch.Tensor) -> int:
+    """Bytes of the tensors the core's forward saves for its backward beyond
+    the layer's parameters and x: what checkpointing the core does not keep."""
+    held = {p.untyped_storage().data_ptr() for p in (*layer.parameters(), x)}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in held:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer.core(x, cu_seqlens)
+    return sum(saved.values())
 
 
 def packed_batch(T: int, d_model: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,17 +112,27 @@ def run_demo(steps: int = 60, T: int = 1024, seed: int = 0) -> None:
     d_model = 32
     layer = GatedDeltaNetLayer(d_model, H_qk=2, HV=4, head_k=16, head_v=16)
     opt = torch.optim.Adam(layer.parameters(), lr=3e-2)
-    print(f"gdn_kcp demo: one GDN layer (H_qk=2, HV=4, K=V=16), {T} packed tokens, CPU, fp32")
+    print(f"gdn_kcp demo: one GDN layer (H_qk=2, HV=4, K=V=16), {T} packed tokens, CPU, fp32, "
+          "its projections and GDN call checkpointed")
     start = time.perf_counter()
     for step in range(steps):
         x, target, cu_seqlens = packed_batch(T, d_model, seed=step)
-        loss = nn.functional.mse_loss(layer(x, cu_seqlens), target)
-        opt.zero_grad()
-        loss.backward()
+        with count_programs() as launched:
+            loss = nn.functional.mse_loss(layer(x, cu_seqlens, checkpointed=True), target)
+            opt.zero_grad()
+            loss.backward()
         opt.step()
         if step % 5 == 0 or step == steps - 1:
             print(f"  step {step:3d}  loss {loss.item():.4f}  ({len(cu_seqlens) - 1} documents)")
     print(f"  {steps} training steps in {time.perf_counter() - start:.1f} s")
+    record = last_checkpoint_record()
+    with count_programs() as plain:
+        nn.functional.mse_loss(layer(x, cu_seqlens), target).backward()
+    layer.zero_grad()
+    print(f"  checkpoint: the recompute {'kept the tapes' if record.kept_tapes else 'replayed'}, "
+          f"{'launched no output' if record.output_skipped else 'launched the output'} ({record.reasons[0]});\n"
+          f"  {sum(launched.values())} program launches a step ({sum(plain.values())} without the checkpoint), "
+          f"{saved_activation_bytes(layer, x, cu_seqlens) / 1e6:.2f} MB of activations not held until the backward")
 
     x, _, cu_seqlens = packed_batch(T, d_model, seed=10_000)
     errors = oracle_errors(layer, x, cu_seqlens)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from collections import Counter
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -32,7 +33,39 @@ def programs_for(device: torch.device) -> ModuleType:
     A loaded backend is a dict lookup, which torch.compile traces (it cannot
     trace an import)."""
     module = _loaded.get(_backend_of.get(device.type, "torch"))
-    return load_programs(device.type) if module is None else module
+    module = load_programs(device.type) if module is None else module
+    return _Counting(module, _counters[-1]) if _counters else module
+
+
+_counters: list[Counter] = []
+
+
+class _Counting:
+    """A backend whose programs count their launches by name."""
+
+    def __init__(self, module: ModuleType, counts: Counter) -> None:
+        self.module, self.counts = module, counts
+
+    def __getattr__(self, name: str):
+        program = getattr(self.module, name)
+
+        def counted(*args, **kwargs):
+            self.counts[name] += 1
+            return program(*args, **kwargs)
+        return counted
+
+
+@contextlib.contextmanager
+def count_programs() -> Iterator[Counter]:
+    """Within the block, the programs that eager calls launch, counted by name
+    (``prep``, ``tape_walk``, ...; the tests' and ``benchmarks/checkpoint.py``'s
+    measure of what a step runs)."""
+    counts: Counter = Counter()
+    _counters.append(counts)
+    try:
+        yield counts
+    finally:
+        _counters.remove(counts)
 
 
 @contextlib.contextmanager
