@@ -4,7 +4,7 @@ See README.md for the quick start, docs/api.md for the public names and
 docs/design.md for how it computes.
 """
 
-from gdn_kcp.checkpointing import last_checkpoint_record
+from gdn_kcp.checkpointing import checkpoint_policy, last_checkpoint_record
 from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext, build_kcp_context
 from gdn_kcp.exchange import record_comm_bytes
@@ -40,6 +40,7 @@ __all__ = [
     "WorkspaceKcp",
     "build_kcp_context",
     "check_cp_gradients",
+    "checkpoint_policy",
     "chunk_gated_delta_rule",
     "gdn_checkpoint_bytes_kcp",
     "fused_recurrent_gated_delta_rule",

@@ -228,3 +228,35 @@ def hand_over(node, tapes: dict) -> None:
         previous.kept_tapes = None
     _LIVE[:] = [weakref.ref(node)]
     node.kept_tapes = tapes
+
+
+def checkpoint_policy(save: tuple[str, ...] = ("fwd",)):
+    """A policy for selective activation checkpointing
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) over
+    the package's ops: ``gdn_kcp::<name>`` for each name of ``save`` is
+    ``MUST_SAVE`` (its outputs are kept, the recompute does not run it),
+    every other op ``PREFER_RECOMPUTE``. The default saves the opaque forward,
+    ``gdn_kcp::fwd``: a compiled checkpoint then recomputes the projections
+    around it but not GDN, and keeps its output and saved set (what a region
+    without checkpoint keeps of GDN). Names: ``"fwd"`` and, on the traced host
+    path, the programs' ops (``gdn_kcp.ops.programs.HOST_PROGRAMS``). Example::
+
+        from functools import partial
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+        context_fn = partial(create_selective_checkpoint_contexts, gdn_kcp.checkpoint_policy())
+        y = checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from gdn_kcp.ops.programs import HOST_PROGRAMS
+
+    names = ("fwd", *HOST_PROGRAMS)
+    if isinstance(save, str) or not all(name in names for name in save):
+        raise ValueError(f"save must be a tuple of gdn_kcp op names {names}, got {save!r}")
+    saved = frozenset(save)
+
+    def policy(ctx, op, *args, **kwargs):
+        if getattr(op, "namespace", None) == "gdn_kcp" and getattr(op, "_opname", None) in saved:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return policy

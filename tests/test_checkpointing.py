@@ -5,15 +5,17 @@ launches, the record of the last call and its fallbacks."""
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
 from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, one_rank, run_ranks
 from spawn import spawn_ranks
 
-from gdn_kcp import (OptionsKcp, build_kcp_context, gdn_checkpoint_bytes_kcp, gdn_kcp, gdn_saved_layout_kcp,
-                     gdn_workspace_layout_kcp, record_workspace)
+from gdn_kcp import (OptionsKcp, build_kcp_context, checkpoint_policy, gdn_checkpoint_bytes_kcp, gdn_kcp,
+                     gdn_saved_layout_kcp, gdn_workspace_layout_kcp, record_workspace)
 from gdn_kcp.checkpointing import VERIFIED_TORCH, last_checkpoint_record, torch_release
 from gdn_kcp.host.programs import count_programs, use_programs
 
@@ -228,3 +230,58 @@ def test_a_checkpointed_region_compiles_with_fullgraph():
         grads.append([p.grad for p in (model.x, *model.params)])
     assert_bitwise(grads[0], grads[1], "compiled checkpoint")
     assert last_checkpoint_record() is before
+
+
+def aot_graphs():
+    """An aot_eager backend that keeps its forward and backward graphs: ``(backend, graphs)``."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, inputs):
+            graphs[name] = gm
+            return gm.forward
+        return compiler
+    return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")), graphs
+
+
+def gdn_ops(graph) -> Counter:
+    """The package's ops in a functionalised graph, by name."""
+    return Counter(str(node.args[0]).split(".")[1] for node in graph.graph.nodes
+                   if "auto_functionalized" in str(node.target) and "gdn_kcp" in str(node.args[0]))
+
+
+def test_the_selective_checkpoint_policy_saves_the_forward_op():
+    """Compiled (fullgraph, opaque ops): a plain checkpoint recomputes
+    ``gdn_kcp::fwd`` in the backward; with ``checkpoint_policy()`` it is saved,
+    as without checkpoint. Gradients bitwise the region's without checkpoint."""
+    model = Model(torch.float32)
+    gdn = one_rank(OptionsKcp())
+    context_fn = partial(create_selective_checkpoint_contexts, checkpoint_policy())
+    found = {}
+    for form in ("none", "checkpoint", "selective"):
+        torch._dynamo.reset()
+
+        def region(x, layer):
+            if form == "none":
+                return model.core(x, layer, gdn)
+            more = dict(context_fn=context_fn) if form == "selective" else {}
+            return torch.utils.checkpoint.checkpoint(model.core, x, layer, gdn, use_reentrant=False, **more)
+
+        backend, graphs = aot_graphs()
+        for p in (model.x, *model.params):
+            p.grad = None
+        out = torch.compile(region, fullgraph=True, backend=backend)(model.x, model.layers[0])
+        (out @ model.layers[0]["o"]).square().sum().backward()
+        found[form] = [p.grad.clone() for p in (model.x, *model.params)], gdn_ops(graphs["fw"]), gdn_ops(graphs["bw"])
+    for form in ("checkpoint", "selective"):
+        assert_bitwise(found["none"][0], found[form][0], form)
+    assert found["checkpoint"][2] == Counter(fwd=1, bwd=1)
+    assert found["selective"][1:] == found["none"][1:] == (Counter(fwd=1), Counter(bwd=1))
+
+
+def test_the_policy_names_a_bad_op():
+    for bad in ("fwd", ("forward",), ("bwd",)):
+        with pytest.raises(ValueError, match="save must be a tuple of gdn_kcp op names"):
+            checkpoint_policy(bad)

@@ -10,6 +10,7 @@ def test_all_is_pinned():
         "WorkspaceKcp",
         "build_kcp_context",
         "check_cp_gradients",
+        "checkpoint_policy",
         "chunk_gated_delta_rule",
         "fused_recurrent_gated_delta_rule",
         "gdn_checkpoint_bytes_kcp",

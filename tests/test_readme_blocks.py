@@ -21,6 +21,7 @@ RUN_BLOCKS = {
     ("docs/bytes.md", "Byte queries"): 1,
     ("docs/compile.md", "torch.compile and CUDA graphs"): 2,
     ("docs/compile.md", "Lowering: the traced host path"): 1,  # tests/test_inductor_lowering.py
+    ("docs/compile.md", "Activation checkpointing under torch.compile"): 1,
     ("docs/kcp.md", "A KCP call with states"): 1,
     ("docs/kcp.md", "Training with data and context parallelism"): 1,
 }
@@ -176,3 +177,8 @@ def test_dp_cp_block_on_four_ranks():
 
     assert len(python_blocks("docs/kcp.md", "Training with data and context parallelism")) == 1
     mp.start_processes(_dp_cp_block_on_rank, args=(4, _free_port()), nprocs=4, join=True, start_method="forkserver")
+
+
+def test_selective_checkpoint_block():
+    ns = run_block("docs/compile.md", "Activation checkpointing under torch.compile")
+    assert ns["x"].grad is not None and ns["proj"].weight.grad is not None
