@@ -238,8 +238,10 @@ def checkpoint_policy(save: tuple[str, ...] = ("fwd",)):
     every other op ``PREFER_RECOMPUTE``. The default saves the opaque forward,
     ``gdn_kcp::fwd``: a compiled checkpoint then recomputes the projections
     around it but not GDN, and keeps its output and saved set (what a region
-    without checkpoint keeps of GDN). Names: ``"fwd"`` and, on the traced host
-    path, the programs' ops (``gdn_kcp.ops.programs.HOST_PROGRAMS``). Example::
+    without checkpoint keeps of GDN). The one name is ``"fwd"``: on the traced
+    host path the programs' ops decompose into their bodies before the policy
+    sees them (``save=("walk_output",)`` changed no node of the backward
+    graph), so it has nothing of the package's to save there. Example::
 
         from functools import partial
         from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
@@ -248,9 +250,7 @@ def checkpoint_policy(save: tuple[str, ...] = ("fwd",)):
     """
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from gdn_kcp.ops.programs import HOST_PROGRAMS
-
-    names = ("fwd", *HOST_PROGRAMS)
+    names = ("fwd",)
     if isinstance(save, str) or not all(name in names for name in save):
         raise ValueError(f"save must be a tuple of gdn_kcp op names {names}, got {save!r}")
     saved = frozenset(save)

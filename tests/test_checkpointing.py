@@ -282,6 +282,6 @@ def test_the_selective_checkpoint_policy_saves_the_forward_op():
 
 
 def test_the_policy_names_a_bad_op():
-    for bad in ("fwd", ("forward",), ("bwd",)):
+    for bad in ("fwd", ("forward",), ("bwd",), ("walk_output",)):
         with pytest.raises(ValueError, match="save must be a tuple of gdn_kcp op names"):
             checkpoint_policy(bad)
