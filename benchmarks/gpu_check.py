@@ -559,10 +559,51 @@ def check_lowering(results, device, dims, dtype, bounds):
     results["lowering"] = row
 
 
+def check_checkpointing(results, device, dims, dtype, bounds):
+    """GDN under ``torch.utils.checkpoint`` on this torch, its release taken as
+    verified for the check (``gdn_kcp.checkpointing.VERIFIED_TORCH`` gains it
+    once this passes): for a region the call closes ("core") and one a relu
+    closes after it ("later"), under each ``reuse_recompute_tapes``, the
+    gradients bitwise those without checkpoint, and what the probe chose."""
+    from gdn_kcp import checkpointing
+
+    H_qk, HV, K, V = dims
+    ctx = build_kcp_context(bounds, device=device)
+    xs = inputs(bounds[-1], H_qk, HV, K, V, dtype, device)
+    do = torch.randn_like(xs[2])
+    release, verified = checkpointing.torch_release(), checkpointing.VERIFIED_TORCH
+    checkpointing.VERIFIED_TORCH = (*verified, release)
+
+    def grads(region: str, checkpointed: bool, options: OptionsKcp) -> list[torch.Tensor]:
+        leaves = [x.clone().requires_grad_() for x in xs]
+
+        def fn(*x):
+            o = gdn_kcp(*x, ctx, options=options)[0]
+            return torch.relu(o) if region == "later" else o
+        o = torch.utils.checkpoint.checkpoint(fn, *leaves, use_reentrant=False) if checkpointed else fn(*leaves)
+        return list(torch.autograd.grad((o * do).sum(), leaves))
+
+    cases = {}
+    try:
+        for region in ("core", "later"):
+            for reuse in (None, True, False):
+                options = OptionsKcp(use_qk_l2norm=True, reuse_recompute_tapes=reuse)
+                plain, got = grads(region, False, options), grads(region, True, options)
+                record = checkpointing.last_checkpoint_record()
+                cases[f"{region}, reuse {reuse}"] = dict(
+                    bitwise=all(torch.equal(a, b) for a, b in zip(plain, got)), phase=record.phase,
+                    kept_tapes=record.kept_tapes, in_workspace=record.tapes_in_workspace,
+                    output_skipped=record.output_skipped, reasons=record.reasons)
+    finally:
+        checkpointing.VERIFIED_TORCH = verified
+    results["checkpointing"] = {"torch": release, "verified_before": release in verified, "cases": cases,
+                                "pass": all(c["bitwise"] and c["phase"] == "recompute" for c in cases.values())}
+
+
 STEPS = {"programs": "check_programs", "forward_backward": "check_forward_backward", "timing": "time_paths",
          "profile": "profile_kernels", "segments": "time_segments", "reduce_overhead": "check_reduce_overhead",
          "capture_once": "check_capture_once", "decode": "check_decode", "calibration": "check_calibration",
-         "lowering": "check_lowering"}
+         "lowering": "check_lowering", "checkpointing": "check_checkpointing"}
 
 
 def main() -> None:
@@ -676,6 +717,12 @@ def markdown(r: dict) -> str:
                         f"decode {d['fla_decode_vs_ours_relative_rms']:.1e}, {d['fla_decode_step_ms']:.3f} ms a step"
                         if "fla_forward_vs_ours_relative_rms" in d else
                         f"; FLA's layer not run: {d.get('fla_error', '').splitlines()[0] if d.get('fla_error') else ''}"))
+    if "checkpointing" in r:
+        c = r["checkpointing"]
+        lines.append(f"- checkpointing on torch {c['torch']} (verified before: {c['verified_before']}): "
+                     f"{'pass' if c['pass'] else 'FAIL'}; " + "; ".join(
+                         f"{name}: bitwise {x['bitwise']}, kept {x['kept_tapes']} (in the workspace "
+                         f"{x['in_workspace']}), output skipped {x['output_skipped']}" for name, x in c["cases"].items()))
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
     lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))
