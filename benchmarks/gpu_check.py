@@ -722,7 +722,8 @@ def markdown(r: dict) -> str:
         lines.append(f"- checkpointing on torch {c['torch']} (verified before: {c['verified_before']}): "
                      f"{'pass' if c['pass'] else 'FAIL'}; " + "; ".join(
                          f"{name}: bitwise {x['bitwise']}, kept {x['kept_tapes']} (in the workspace "
-                         f"{x['in_workspace']}), output skipped {x['output_skipped']}" for name, x in c["cases"].items()))
+                         f"{x['in_workspace']}), output skipped {x['output_skipped']}"
+                         for name, x in c["cases"].items()))
     for step, error in r.get("errors", {}).items():
         lines.append(f"- {step} FAILED: {error.strip().splitlines()[-1]}")
     lines.append("- seconds per step: " + ", ".join(f"{k} {v}" for k, v in r.get("seconds", {}).items()))

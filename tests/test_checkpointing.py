@@ -14,8 +14,8 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, one_rank, run_ranks
 from spawn import spawn_ranks
 
-from gdn_kcp import (OptionsKcp, build_kcp_context, checkpoint_policy, gdn_checkpoint_bytes_kcp, gdn_kcp,
-                     gdn_saved_layout_kcp, gdn_workspace_layout_kcp, record_workspace)
+from gdn_kcp import (OptionsKcp, build_kcp_context, checkpoint_policy, chunk_gated_delta_rule, gdn_checkpoint_bytes_kcp,
+                     gdn_kcp, gdn_saved_layout_kcp, gdn_workspace_layout_kcp, record_workspace)
 from gdn_kcp.checkpointing import VERIFIED_TORCH, last_checkpoint_record, torch_release
 from gdn_kcp.host.programs import count_programs, use_programs
 
@@ -285,3 +285,37 @@ def test_the_policy_names_a_bad_op():
     for bad in ("fwd", ("forward",), ("bwd",), ("walk_output",)):
         with pytest.raises(ValueError, match="save must be a tuple of gdn_kcp op names"):
             checkpoint_policy(bad)
+
+
+@pytest.mark.parametrize("save_mode", ["light", "inverse"])
+def test_states_through_a_checkpointed_core(save_mode):
+    """Initial states (with their gradient) and final states (in the loss) out
+    of a region the GDN call closes: bitwise the step without checkpoint under
+    each ``reuse_recompute_tapes``, the tapes kept where ``"auto"`` keeps."""
+    model = Model(torch.float64)
+    layer, cu = model.layers[0], torch.tensor(BOUNDS)
+    h0 = torch.randn(len(BOUNDS) - 1, HV, K, V, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(1)).requires_grad_()
+
+    def core(x, options):
+        T = x.shape[1]
+        q, k = (x @ layer["q"]).view(1, T, H_QK, K), (x @ layer["k"]).view(1, T, H_QK, K)
+        return chunk_gated_delta_rule(
+            q, k, (x @ layer["v"]).view(1, T, HV, V), torch.nn.functional.logsigmoid(x @ layer["a"]),
+            torch.sigmoid(x @ layer["b"]), initial_state=h0, output_final_state=True, cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=True, save_mode=save_mode, reuse_recompute_tapes=options.reuse_recompute_tapes)
+
+    def step(checkpointed: bool, options: OptionsKcp) -> list[torch.Tensor]:
+        leaves = (model.x, h0, *model.params)
+        for p in leaves:
+            p.grad = None
+        o, ht = (torch.utils.checkpoint.checkpoint(core, model.x, options, use_reentrant=False) if checkpointed
+                 else core(model.x, options))
+        ((o.flatten(2) @ layer["o"]).square().sum() + ht.square().sum()).backward()
+        return [p.grad.clone() for p in leaves]
+
+    for reuse in REUSE:
+        options = OptionsKcp(reuse_recompute_tapes=reuse)
+        assert_bitwise(step(False, options), step(True, options), f"states, reuse {reuse}")
+        record = last_checkpoint_record()
+        assert record.kept_tapes == (reuse is not False) and record.output_skipped, record
