@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import roofline  # noqa: E402
 
-from gdn_kcp import OptionsKcp, chunk_gated_delta_rule  # noqa: E402
+from gdn_kcp import OptionsKcp, chunk_gated_delta_rule, last_checkpoint_record  # noqa: E402
 from gdn_kcp.host.programs import count_programs  # noqa: E402
 
 D_MODEL, H_QK, HV, HEAD = 256, 2, 4, 64
@@ -112,8 +112,11 @@ def measure(layers: int, T: int, repeats: int) -> list[dict]:
             step(blocks, x, cu, form)
             best = min(best, time.perf_counter() - start)
         blocks.zero_grad(set_to_none=True)
+        record = last_checkpoint_record()
+        # a backward of kept tensors is save_mode="full"'s (its segments' summaries fold M alone)
+        mode = "full" if record.kept_tapes and not record.tapes_in_workspace else FORMS[form][1].save_mode
         rows.append(dict(form=form, layers=layers, counts=Counter(counts), peak=peak, seconds=best,
-                         h200_ms=modelled_ms(counts, FORMS[form][1].save_mode)))
+                         h200_ms=modelled_ms(counts, mode)))
     return rows
 
 

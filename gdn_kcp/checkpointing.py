@@ -26,6 +26,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 VERIFIED_TORCH = ("2.13",)
 """The torch releases (major.minor) whose checkpoint internals the tests run the probe on."""
@@ -112,6 +113,8 @@ class Probe:
     frame: object = None
     first_holder: int = -1
     node: object = None  # the original node (recompute), to hand the tapes to
+    later_call: bool = False  # a later GDN call of the same region (recompute): that one keeps
+    selective: bool = False  # selective checkpointing's caching mode is active (recompute)
     keep_tapes: bool = False
     skip_output: bool = False
     tapes_in_workspace: bool = False
@@ -122,6 +125,15 @@ class Probe:
         """The checkpointed forward's node: found again by the recompute at the same holder index."""
         if self.record.phase == "forward" and self.frame is not None:
             _NODES.setdefault(self.frame, {})[self.first_holder] = weakref.ref(ctx)
+
+
+def _selective_modes() -> tuple[type, ...]:
+    """The dispatch modes of selective activation checkpointing (they record
+    the forward's ops, then serve the recompute from that record)."""
+    from torch.utils import checkpoint
+
+    return tuple(getattr(checkpoint, name) for name in ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
+                 if hasattr(checkpoint, name))
 
 
 def _checkpoint_state(record: CheckpointRecord):
@@ -167,9 +179,12 @@ def probe(inputs: tuple, n_saves: int, options) -> Probe:
         next_holder = frame.recomp_counter[gid]
         record.saves_left = len(frame.weak_holders) - next_holder
         record.last_saver = record.early_stop and record.saves_left == n_saves
-        ref = _NODES.get(frame, {}).get(next_holder)
+        nodes = _NODES.get(frame, {})
+        ref = nodes.get(next_holder)
         found.node = ref() if ref is not None else None
+        found.later_call = any(i > next_holder and r() is not None for i, r in nodes.items())
         record.triggered_by_node = found.node is not None and torch._C._current_autograd_node() is found.node
+        found.selective = any(type(mode) in _selective_modes() for mode in _get_current_dispatch_mode_stack())
     except Exception as error:  # private internals: any surprise takes the ordinary path
         record.phase = "unknown"
         record.reasons.append(f"the checkpoint frame could not be read ({type(error).__name__}: {error})")
@@ -190,6 +205,9 @@ def _decide(found: Probe, options) -> None:
         blockers.append("the recompute found no node of the checkpointed forward at this call's holders")
     if options.graph == "replay":
         blockers.append("graph='replay' fixes every address: the recompute runs the forward as it ran")
+    if found.selective:
+        blockers.append("selective checkpointing replays the forward's ops from its cache: the recompute runs "
+                        "the forward as it ran")
     reuse = options.reuse_tapes
     if blockers:
         record.reasons.extend(blockers)
@@ -197,6 +215,8 @@ def _decide(found: Probe, options) -> None:
         record.reasons.append("save_mode='full' saves the tapes itself: the recompute writes them")
     elif reuse is False:
         record.reasons.append("reuse_recompute_tapes=False: the backward replays")
+    elif found.later_call:
+        record.reasons.append("replayed: a later GDN call of the region keeps its tapes (one kept set at a time)")
     elif reuse is True or (record.last_saver and record.triggered_by_node):
         found.keep_tapes = True
         record.reasons.append("kept: " + ("reuse_recompute_tapes=True" if reuse is True else
@@ -222,8 +242,10 @@ _LIVE: list = []
 """The node holding the one kept tape set (a weakref), so that a second keep drops the first."""
 
 
-def hand_over(node, tapes: dict) -> None:
-    """Give ``tapes`` to ``node``'s backward; the node that held a kept set before falls back to the replay."""
+def hand_over(node, tapes: tuple[str, object]) -> None:
+    """Give ``tapes`` (``("workspace", storage)`` or ``("tapes", tensors)``) to
+    ``node``'s backward; a node that held a kept set before falls back to the
+    replay (a safety net: the probe lets only a region's last GDN call keep)."""
     if _LIVE and (previous := _LIVE[0]()) is not None and previous is not node:
         previous.kept_tapes = None
     _LIVE[:] = [weakref.ref(node)]

@@ -127,8 +127,9 @@ class OptionsKcp:
         _check_bool("with_conv", self.with_conv)
         if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 1:
             raise ValueError(f"OptionsKcp.conv_size must be an int >= 1, got {self.conv_size!r}")
-        if self.reuse_recompute_tapes is not None and not (
-                self.reuse_recompute_tapes == "auto" or isinstance(self.reuse_recompute_tapes, bool)):
+        if self.reuse_recompute_tapes is not None and not any(
+                self.reuse_recompute_tapes is choice or self.reuse_recompute_tapes == choice == "auto"
+                for choice in REUSE_RECOMPUTE_TAPES):
             raise ValueError(f"OptionsKcp.reuse_recompute_tapes must be one of (None, 'auto', True, False), "
                              f"got {self.reuse_recompute_tapes!r}")
         _check_choice("recompute_output", self.recompute_output, RECOMPUTE_OUTPUTS)
@@ -159,7 +160,6 @@ class OptionsKcp:
         # What the ops take, computed once: torch.compile then reads a constant (the recompute options are
         # the autograd layer's alone: no op and no byte query reads them).
         object.__setattr__(self, "op_arg", options_to_str(self))
-
 
     @property
     def reuse_tapes(self) -> bool | str:

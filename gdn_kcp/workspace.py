@@ -87,12 +87,14 @@ class Arena:
     path that strays from its layout fails loudly instead of corrupting data.
     """
 
-    def __init__(self, storage: torch.Tensor, layout: CallLayout, *, graph: bool) -> None:
+    def __init__(self, storage: torch.Tensor, layout: CallLayout, *, graph: bool, recorded: bool = True) -> None:
+        """``recorded=False``: not a call of its own for :func:`record_workspace`
+        (a checkpoint's recompute writing the tapes into a backward's pools)."""
         if storage.numel() < layout.bytes:
             raise ValueError(f"workspace holds {storage.numel()} bytes, the {layout.call} call needs {layout.bytes}")
         self.storage, self.layout, self.graph = storage, layout, graph
         self.bound: dict[str, tuple[int, int]] = {}
-        self.record: WorkspaceRecord | None = getattr(_recorders, "record", None)
+        self.record: WorkspaceRecord | None = getattr(_recorders, "record", None) if recorded else None
         self._log("start", "", 0)
         if self.record is not None:
             self.record.graph[layout.call] = graph

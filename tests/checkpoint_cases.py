@@ -18,27 +18,38 @@ BOUNDS = (0, 60, 150, 230)
 class Model:
     """Projections -> GDN -> (region "later": an output projection and a relu inside the region)."""
 
-    def __init__(self, dtype: torch.dtype, seed: int = 0, layers: int = 1, mlp: int = 0) -> None:
-        """``mlp``: the width of an MLP that closes the region ``"mlp"`` (0: none)."""
+    def __init__(self, dtype: torch.dtype, seed: int = 0, layers: int = 1, mlp: int = 0,
+                 heads: tuple[int, int, int, int] = (H_QK, HV, K, V)) -> None:
+        """``mlp``: the width of an MLP that closes the region ``"mlp"`` (0: none);
+        ``heads``: H_qk, HV, K, V."""
         gen = torch.Generator().manual_seed(seed)
+        self.heads = H_qk, n_v, d_k, d_v = heads
+
+        # Weights and x are small dyadic numbers, so every projection is exact in any summation order: the
+        # recompute's matmuls then equal the forward's bitwise whatever the BLAS does. With normal draws, 2 of 6
+        # hash seeds gave every gradient one rounding apart in every form (reuse_recompute_tapes=False, which
+        # launches no program in the recompute, included), while a region of GDN alone stayed bitwise.
+        def dyadic(*shape, scale: float):
+            return (torch.randint(-2, 3, shape, generator=gen) * scale).to(dtype)
 
         def weight(*shape):
-            return (torch.randn(*shape, generator=gen, dtype=torch.float64) / shape[0] ** 0.5).to(dtype)
+            return dyadic(*shape, scale=2.0 ** -(3 + (shape[0] > 64)))
 
-        self.layers = [dict(q=weight(D_MODEL, H_QK * K), k=weight(D_MODEL, H_QK * K), v=weight(D_MODEL, HV * V),
-                            a=weight(D_MODEL, HV), b=weight(D_MODEL, HV), o=weight(HV * V, D_MODEL),
-                            **(dict(up=weight(HV * V, mlp), down=weight(mlp, D_MODEL)) if mlp else {}))
+        self.layers = [dict(q=weight(D_MODEL, H_qk * d_k), k=weight(D_MODEL, H_qk * d_k),
+                            v=weight(D_MODEL, n_v * d_v), a=weight(D_MODEL, n_v), b=weight(D_MODEL, n_v),
+                            o=weight(n_v * d_v, D_MODEL),
+                            **(dict(up=weight(n_v * d_v, mlp), down=weight(mlp, D_MODEL)) if mlp else {}))
                        for _ in range(layers)]
         self.params = [w.requires_grad_() for layer in self.layers for w in layer.values()]
-        self.x = torch.randn(1, BOUNDS[-1], D_MODEL, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+        self.x = dyadic(1, BOUNDS[-1], D_MODEL, scale=0.5).requires_grad_()
 
     def core(self, x, layer: dict, gdn):
-        T = x.shape[1]
-        q, k = (x @ layer["q"]).view(1, T, H_QK, K), (x @ layer["k"]).view(1, T, H_QK, K)
-        v = (x @ layer["v"]).view(1, T, HV, V)
+        (T, (H_qk, n_v, d_k, d_v)) = x.shape[1], self.heads
+        q, k = (x @ layer["q"]).view(1, T, H_qk, d_k), (x @ layer["k"]).view(1, T, H_qk, d_k)
+        v = (x @ layer["v"]).view(1, T, n_v, d_v)
         g = torch.nn.functional.logsigmoid(x @ layer["a"])
         beta = torch.sigmoid(x @ layer["b"])
-        return gdn(q, k, v, g, beta).reshape(1, T, HV * V)
+        return gdn(q, k, v, g, beta).reshape(1, T, n_v * d_v)
 
     def step(self, region: str, form: str, gdn, *, x=None, retain_graph: bool = False) -> list[torch.Tensor]:
         """One forward and backward; ``form``: ``"none"``, ``"checkpoint"``
@@ -102,12 +113,13 @@ def assert_bitwise(expected: list[torch.Tensor], got: list[torch.Tensor], what: 
         assert torch.equal(a, b), f"{what}: gradient {i} differs by {(a - b).abs().max().item()}"
 
 
-def run_ranks(rank: int, R: int, options_list: list[OptionsKcp], regions: tuple[str, ...]) -> None:
+def run_ranks(rank: int, R: int, options_list: list[OptionsKcp], regions: tuple[str, ...],
+              heads: tuple[int, int, int, int] = (H_QK, HV, K, V)) -> None:
     """On each rank: gdn_kcp on the rank's slice, each region checkpointed and
     not, bitwise the same gradients; the record says what the recompute did."""
     ctx = build_kcp_context(torch.tensor(BOUNDS))
     start, end = ctx.rank_ranges[rank]
-    model = Model(torch.float64)
+    model = Model(torch.float64, heads=heads)
     x = model.x.detach()[:, start:end].clone().requires_grad_()
     for options in options_list:
         def gdn(q, k, v, g, beta):

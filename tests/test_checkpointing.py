@@ -5,28 +5,41 @@ launches, the record of the last call and its fallbacks."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from functools import partial
 
 import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.utils.checkpoint import create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, one_rank, run_ranks
 from spawn import spawn_ranks
 
 from gdn_kcp import (OptionsKcp, build_kcp_context, checkpoint_policy, chunk_gated_delta_rule, gdn_checkpoint_bytes_kcp,
-                     gdn_kcp, gdn_saved_layout_kcp, gdn_workspace_layout_kcp, record_workspace)
+                     gdn_kcp, gdn_saved_layout_kcp, gdn_workspace_layout_kcp, record_workspace, WorkspaceKcp)
+from gdn_kcp import checkpointing
+from gdn_kcp.context.builders import context_from_split
+from gdn_kcp.queries.layout import tapes_fit_before_backward
 from gdn_kcp.checkpointing import VERIFIED_TORCH, last_checkpoint_record, torch_release
 from gdn_kcp.host.programs import count_programs, use_programs
 
 REUSE = (None, True, False)
 
 
-def step(region: str, form: str, options: OptionsKcp, dtype=torch.float64, **kwargs):
-    """Gradients, program counts and the record of one step of a fresh model."""
+def step(region: str, form: str, options: OptionsKcp, dtype=torch.float64, kcp: bool = False, **kwargs):
+    """Gradients, program counts and the record of one step of a fresh model,
+    through the FLA-style entry (``kcp``: ``gdn_kcp`` on one rank, which takes
+    every option)."""
     model = Model(dtype, layers=2 if region == "two" else 1)
+    if kcp:
+        ctx = build_kcp_context(list(BOUNDS))
+
+        def gdn(*x):
+            return gdn_kcp(*x, ctx, options=replace(options, use_qk_l2norm=True))[0]
+    else:
+        gdn = one_rank(options)
     with count_programs() as counts:
-        grads = model.step(region, form, one_rank(options), **kwargs)
+        grads = model.step(region, form, gdn, **kwargs)
     return grads, Counter(counts), last_checkpoint_record()
 
 
@@ -84,8 +97,9 @@ def test_two_calls_in_one_region_only_the_last_keeps():
     got, counts, record = step("two", "checkpoint", OptionsKcp())
     assert_bitwise(expected, got, "two calls")
     assert record.kept_tapes and record.output_skipped, record  # the last call of the recompute: the second
-    got, counts, record = step("two", "checkpoint", OptionsKcp(reuse_recompute_tapes=True))
+    got, counts_true, record = step("two", "checkpoint", OptionsKcp(reuse_recompute_tapes=True))
     assert_bitwise(expected, got, "two calls, reuse True")
+    assert counts_true == counts, (counts_true, counts)  # the first call knows the second keeps: no wasted walk
 
 
 def test_nested_checkpoints_and_retain_graph():
@@ -116,13 +130,72 @@ def test_no_grad_falls_back_with_its_reason():
     assert not record.executable and not record.kept_tapes and not record.output_skipped, record
 
 
-def test_output_always_and_replay_graphs_launch_the_output():
+def test_output_always_launches_the_output():
     expected, plain, _ = step("core", "none", OptionsKcp())
     got, counts, record = step("core", "checkpoint", OptionsKcp(recompute_output="always"))
     assert_bitwise(expected, got, "recompute_output always")
     assert record.kept_tapes and not record.output_skipped, record
     assert counts == plain + Counter(scores=1, walk_output=1), counts
     assert "recompute_output='always': the output is launched" in record.reasons
+
+
+def fallback_step(options: OptionsKcp, kcp: bool = False):
+    """A checkpointed core that must take the ordinary path: bitwise, the
+    forward run again, the record saying why."""
+    expected, plain, _ = step("core", "none", options, kcp=kcp)
+    got, counts, record = step("core", "checkpoint", options, kcp=kcp)
+    assert_bitwise(expected, got, str(options))
+    assert not record.kept_tapes and not record.output_skipped, record
+    assert counts == plain + Counter(prep=1, scores=1, walk_output=1), counts
+    return record
+
+
+def test_graph_replay_runs_the_forward_again():
+    record = fallback_step(OptionsKcp(graph="replay"), kcp=True)
+    assert any("graph='replay'" in reason for reason in record.reasons), record
+
+
+def test_an_unverified_torch_runs_the_forward_again(monkeypatch):
+    monkeypatch.setattr(checkpointing, "VERIFIED_TORCH", ("0.1",))
+    record = fallback_step(OptionsKcp())
+    assert not record.verified and any("not a verified release" in reason for reason in record.reasons), record
+
+
+def test_a_frame_that_cannot_be_read_runs_the_forward_again(monkeypatch):
+    def unreadable(record):
+        raise AttributeError("no frame")
+    monkeypatch.setattr(checkpointing, "_checkpoint_state", unreadable)
+    record = fallback_step(OptionsKcp())
+    assert record.phase == "unknown" and "AttributeError: no frame" in record.reasons[-1], record
+
+
+def test_eager_selective_checkpointing_runs_the_forward_from_its_cache():
+    """Eager selective checkpointing serves the recompute from the ops the
+    forward recorded: the probe takes the ordinary path (gdn_kcp::fwd again,
+    saved by the policy), bitwise."""
+    model = Model(torch.float64)
+    gdn = one_rank(OptionsKcp())
+    expected = model.step("core", "none", gdn)
+    for policy in (checkpoint_policy(), lambda ctx, op, *args, **kwargs: CheckpointPolicy.PREFER_RECOMPUTE):
+        context_fn = partial(create_selective_checkpoint_contexts, policy)
+        for p in (model.x, *model.params):
+            p.grad = None
+        out = torch.utils.checkpoint.checkpoint(model.core, model.x, model.layers[0], gdn, use_reentrant=False,
+                                                context_fn=context_fn)
+        (out @ model.layers[0]["o"]).float().square().sum().backward()
+        assert_bitwise(expected, [p.grad for p in (model.x, *model.params)], "eager selective")
+        record = last_checkpoint_record()
+        assert record.phase == "recompute" and not record.kept_tapes and not record.output_skipped, record
+        assert any("selective checkpointing" in reason for reason in record.reasons), record
+
+
+def test_a_workspace_serves_every_recompute_option():
+    ctx = build_kcp_context(list(BOUNDS))
+    workspace = WorkspaceKcp(ctx, H_QK, HV, K, V, dtype=torch.float64, options=OptionsKcp())
+    for reuse in REUSE:
+        options = OptionsKcp(reuse_recompute_tapes=reuse, recompute_output="always")
+        Model(torch.float64).step("core", "checkpoint",
+                                  lambda *x: gdn_kcp(*x, ctx, options=options, workspace=workspace)[0])
 
 
 def test_options_name_a_bad_value():
@@ -144,6 +217,32 @@ def test_checkpointed_ranks_are_bitwise(R):
     options += [OptionsKcp(boundary_mode="replay", save_for_backward=False),
                 OptionsKcp(exchange="ring"), OptionsKcp(save_mode="inverse", boundary_mode="replay", segments=2)]
     spawn_ranks(R, run_ranks, options, ("core", "later"))
+
+
+def test_checkpointed_ranks_where_the_backward_reuses_the_tapes_bytes():
+    """K = V = 128 on 2 ranks: a backward that replays the boundary exchange or
+    overlaps b2 binds pools in the bytes its h takes later, so the recompute
+    keeps the tapes as tensors there (tapes_fit_before_backward; before that
+    rule these gradients erred by up to 29)."""
+    norm = dict(use_qk_l2norm=True)  # K = 128 unnormalised keys make the recurrence overflow
+    options = [OptionsKcp(boundary_mode="replay", save_for_backward=False, **norm),
+               OptionsKcp(boundary_mode="replay", save_for_backward=False, exchange="ring", **norm),
+               OptionsKcp(schedule="overlap", **norm),
+               OptionsKcp(reuse_recompute_tapes=True, boundary_mode="replay", save_for_backward=False, **norm)]
+    spawn_ranks(2, run_ranks, options, ("core",), (2, 4, 128, 128))
+
+
+def test_the_tapes_fit_before_the_backward_only_where_no_earlier_pool_shares_their_bytes():
+    """The layout rule behind the workspace form, over the options the ranks test."""
+    forms = {"saved": OptionsKcp(), "replay": OptionsKcp(boundary_mode="replay", save_for_backward=False),
+             "overlap": OptionsKcp(schedule="overlap")}
+    fits = {name: [tapes_fit_before_backward(gdn_workspace_layout_kcp(
+        context_from_split(list(BOUNDS), [(0, 100), (100, 230)], rank), 2, 4, 128, 128, dtype=torch.float64,
+        options=options).bwd) for rank in (0, 1)] for name, options in forms.items()}
+    assert fits == {"saved": [True, True], "replay": [False, False], "overlap": [False, False]}
+    one_rank_layout = gdn_workspace_layout_kcp(build_kcp_context(list(BOUNDS)), 2, 4, 128, 128,
+                                               dtype=torch.float64, options=OptionsKcp()).bwd
+    assert tapes_fit_before_backward(one_rank_layout)
 
 
 @pytest.mark.parametrize("save_mode", ["light", "inverse", "full"])
@@ -319,3 +418,26 @@ def test_states_through_a_checkpointed_core(save_mode):
         assert_bitwise(step(False, options), step(True, options), f"states, reuse {reuse}")
         record = last_checkpoint_record()
         assert record.kept_tapes == (reuse is not False) and record.output_skipped, record
+
+
+@pytest.mark.parametrize("keep, skip, into", [(True, True, False), (True, True, True), (False, True, False),
+                                              (True, False, False)])
+def test_the_recompute_op_passes_opcheck(keep, skip, into):
+    """``gdn_kcp::recompute`` (schema, fake kernel, autograd registration, AOT
+    dispatch) in each form: tapes as tensors, tapes into a backward's
+    workspace, output skipped alone, output launched."""
+    ctx = build_kcp_context(list(BOUNDS))
+    gen = torch.Generator().manual_seed(0)
+    T = BOUNDS[-1]
+    q, k = (torch.randn(T, H_QK, K, generator=gen) for _ in range(2))
+    v = torch.randn(T, HV, V, generator=gen)
+    g, beta = -torch.rand(T, HV, generator=gen), torch.rand(T, HV, generator=gen)
+    options = OptionsKcp(use_qk_l2norm=True).op_arg
+    workspace = None
+    if into:
+        nbytes = gdn_workspace_layout_kcp(ctx, H_QK, HV, K, V, options=OptionsKcp(use_qk_l2norm=True)).bwd.bytes
+        workspace = torch.empty(nbytes, dtype=torch.uint8)
+    index = ctx.index_for(q.device)
+    torch.library.opcheck(torch.ops.gdn_kcp.recompute.default, (
+        q, k, v, g, beta, None, index.chunk_table, index.frag_table, list(ctx.meta), ctx.group_name, options, 0.25,
+        0, None, False, 1.0, keep, skip, workspace))

@@ -107,7 +107,9 @@ def host_backward(
             tapes = run_w_u(k, v, g, beta, call, buffers, saved)
         else:
             tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
-        # tapes ready: v_new holds v_new, not u, and no walk runs from the segments' starts
+        # tapes ready: v_new holds v_new, not u, and no walk runs from the segments' starts. (Nor does such a
+        # backward replay the boundary exchange, whose summary walk would read u: ops.library.tapes_into_workspace
+        # keeps the tapes as tensors wherever the backward replays it.)
         seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd", with_s=not call.tapes_ready)
         s_in = saved.get("s_in")
         if replayed:

@@ -28,7 +28,7 @@ from gdn_kcp.workspace import WorkspaceKcp
 
 from gdn_kcp.queries.shapes import SAVED_NAMES
 
-from .library import backward_body, forward_body, saved_names  # importing registers the ops
+from .library import backward_body, forward_body, saved_names, tapes_into_workspace  # importing registers the ops
 
 
 @torch.compiler.assume_constant_result
@@ -46,10 +46,11 @@ def check_workspace(workspace: object, ctx: KcpContext, H_qk: int, HV: int, K: i
         return
     if not isinstance(workspace, WorkspaceKcp):
         raise TypeError(f"workspace must be a WorkspaceKcp or None, got {type(workspace).__name__}")
-    wanted = (ctx.layout_key, H_qk, HV, K, V, dtype, options)
-    if workspace.key != wanted:
+    wanted = (ctx.layout_key, H_qk, HV, K, V, dtype, options.op_arg)
+    held = (*workspace.key[:-1], workspace.key[-1].op_arg)  # the recompute options change no byte: not compared
+    if held != wanted:
         names = ("ctx.layout_key", "H_qk", "HV", "K", "V", "dtype", "options")
-        diffs = [f"{n}: {a!r} vs {b!r}" for n, a, b in zip(names, workspace.key, wanted) if a != b]
+        diffs = [f"{n}: {a!r} vs {b!r}" for n, a, b in zip(names, held, wanted) if a != b]
         raise ValueError(f"workspace was made for another call ({'; '.join(diffs)})")
 
 
@@ -118,8 +119,15 @@ class GdnFunction(torch.autograd.Function):
         tables = (chunk_table, frag_table, list(meta), group_name, options, scale, n_final_states, gate_params)
         if checkpoint is not None and (checkpoint.keep_tapes or checkpoint.skip_output):
             # the region's last saver keeps its tapes in the pools of its backward's workspace, allocated now
-            into = call_workspace(checkpoint.node.workspace, meta, q, v, options, "bwd") if (
-                checkpoint.tapes_in_workspace) else None
+            into = None
+            if checkpoint.tapes_in_workspace:
+                if tapes_into_workspace(meta, q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype, options):
+                    into = call_workspace(checkpoint.node.workspace, meta, q, v, options, "bwd")
+                else:
+                    checkpoint.record.tapes_in_workspace = False
+                    checkpoint.record.reasons.append(
+                        "the tapes are kept as tensors: the backward's pools before them share their bytes, or "
+                        "its exchanges would differ across ranks")
             o, final_state, *both = torch.ops.gdn_kcp.recompute(*args, *tables, *beta_mode, checkpoint.keep_tapes,
                                                                 checkpoint.skip_output, into)
             saved = split_saved(both, meta, q, v, options)
@@ -182,12 +190,13 @@ def split_saved(tensors: list, meta: tuple, q, v, options: str) -> list:
     return [x if name in names else empty for name, x in zip(SAVED_NAMES, tensors)]
 
 
-def checkpoint_probe(inputs: tuple, initial_state, gate_params, options: OptionsKcp) -> Probe | None:
-    """The probe of :mod:`gdn_kcp.checkpointing` for an eager call (None when traced: no frame, no record)."""
+def checkpoint_probe(inputs: tuple, saved_inputs: tuple, options: OptionsKcp) -> Probe | None:
+    """The probe of :mod:`gdn_kcp.checkpointing` for an eager call (None when
+    traced: no frame, no record). ``saved_inputs``: what
+    :meth:`GdnFunction.forward` saves before the ``SAVED_NAMES`` tensors."""
     if torch.compiler.is_compiling():
         return None
-    n_saves = 7 + len(SAVED_NAMES) + (initial_state is not None) + (gate_params is not None)
-    return probe(inputs, n_saves, options)
+    return probe(inputs, sum(x is not None for x in saved_inputs) + len(SAVED_NAMES), options)
 
 
 MAX_K_TRITON, MAX_V_TRITON = 256, 512
@@ -229,5 +238,6 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
         q, k, v, g, beta, initial_state, None if workspace is None else workspace.storage,
         index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options.op_arg, scale,
         n_final_states, gate_params, (False, 1.0) if gate is None else gate.beta_mode,
-        checkpoint_probe((q, k, v, g, beta, initial_state, gate_params), initial_state, gate_params, options),
+        checkpoint_probe((q, k, v, g, beta, initial_state, gate_params),
+                         (q, k, v, g, beta, initial_state, gate_params, index.chunk_table, index.frag_table), options),
     )

@@ -23,9 +23,9 @@ from torch import Tensor
 
 from gdn_kcp.context import context_from_meta
 from gdn_kcp.host import Buffers, Call, host_backward, host_forward
-from gdn_kcp.host.forward import PREP_TAPES
-from gdn_kcp.options import kept_tape_options, options_from_str
-from gdn_kcp.queries.layout import CallLayout, gdn_workspace_layout_kcp, kernel_saved_layout
+from gdn_kcp.options import kept_tape_options, options_from_str, overlaps_b2, save_plan
+from gdn_kcp.queries.layout import (RECOMPUTED_TAPES, CallLayout, gdn_workspace_layout_kcp, kernel_saved_layout,
+                                    tapes_fit_before_backward)
 from gdn_kcp.dtypes import compute_dtype
 from gdn_kcp.queries.shapes import SAVED_NAMES
 from gdn_kcp.workspace import Arena, Pools
@@ -202,8 +202,9 @@ def recompute(
         kept_layout, kept_fwd = call_layouts(*dims, kept_tape_options(opts).op_arg, "fwd")
         pools.update(kept_fwd.pools)
     if keep_tapes and tapes_into is not None:
-        backward = Arena(tapes_into, call_layouts(*dims, options, "bwd")[1], graph=opts.graph == "replay")
-        into = {name: backward.bind(name) for name in PREP_TAPES + ("h",) if name in backward.pools}
+        backward = Arena(tapes_into, call_layouts(*dims, options, "bwd")[1], graph=opts.graph == "replay",
+                         recorded=False)
+        into = {name: backward.bind(name) for name in RECOMPUTED_TAPES if name in backward.pools}
         kept_layout = {}
     buffers = Buffers(Pools("fwd", pools, q.device), {**kept_layout, **saved_layout}, q.device, saving=True,
                       into=into)
@@ -211,8 +212,8 @@ def recompute(
                                   n_final_states=n_final_states or None, keep_tapes=keep_tapes,
                                   skip_output=skip_output)
     cdt = compute_dtype(q.dtype)
-    if o is None:
-        o = q.new_empty_strided((q.shape[0], call.HV, call.V), (0, 0, 0))
+    if o is None:  # one zero read at every index: torch discards it (not left uninitialised, so every run agrees)
+        o = q.new_zeros(1).expand(q.shape[0], call.HV, call.V)
     if final_state is None:
         final_state = q.new_empty(0, call.HV, call.K, call.V, dtype=cdt)
     return (o, final_state, *(buffers.saved.get(name, q.new_empty(0, dtype=cdt)) for name in SAVED_NAMES))
@@ -221,16 +222,30 @@ def recompute(
 @recompute.register_fake
 def _recompute_fake(q, k, v, g, beta, initial_state, chunk_table, frag_table, meta, group_name, options, scale,
                     n_final_states, gate_params, beta_sigmoid, beta_scale, keep_tapes, skip_output, tapes_into):
-    dims = (tuple(meta), q.shape[1], v.shape[1], q.shape[2], v.shape[2], q.dtype)
-    layout = dict(call_layouts(*dims, options, "fwd")[0])
+    ctx, opts = context_from_meta(list(meta), chunk_table, frag_table, ""), options_from_str(options)
+    dims = (ctx, q.shape[1], v.shape[1], q.shape[2], v.shape[2])  # as _fwd_fake reads them (SymInts traced)
+    layout = kernel_saved_layout(*dims, dtype=q.dtype, options=opts)
     if keep_tapes and tapes_into is None:
-        layout.update(call_layouts(*dims, kept_tape_options(options_from_str(options)).op_arg, "fwd")[0])
+        layout.update(kernel_saved_layout(*dims, dtype=q.dtype, options=kept_tape_options(opts)))
     cdt = compute_dtype(q.dtype)
-    o = q.new_empty_strided((q.shape[0], v.shape[1], v.shape[2]), (0, 0, 0)) if skip_output else torch.empty_like(
+    o = q.new_zeros(1).expand(q.shape[0], v.shape[1], v.shape[2]) if skip_output else torch.empty_like(
         v, dtype=q.dtype)
     return (o, q.new_empty(n_final_states, v.shape[1], q.shape[2], v.shape[2], dtype=cdt),
             *(q.new_empty(layout[name].shape, dtype=layout[name].dtype) if name in layout
               else q.new_empty(0, dtype=cdt) for name in SAVED_NAMES))
+
+
+def tapes_into_workspace(meta: tuple, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype, options: str) -> bool:
+    """Whether a checkpoint's recompute may write the tapes into the pools of
+    the call's backward workspace (:func:`recompute`'s ``tapes_into``): the
+    layout lets them be written first (:func:`tapes_fit_before_backward`), and
+    on several ranks the backward neither replays the boundary exchange nor
+    overlaps b2, so that every rank, whichever form it takes, runs the same
+    collectives (the kept tensors' backward, ``save_mode="full"``'s, replays no c1/c2)."""
+    opts = options_from_str(options)
+    if meta[0] > 1 and (save_plan(opts).replays_boundary or overlaps_b2(opts)):
+        return False
+    return tapes_fit_before_backward(call_layouts(meta, H_qk, HV, K, V, dtype, options, "bwd")[1])
 
 
 def saved_names(meta: tuple, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype, options: str) -> frozenset:

@@ -389,6 +389,34 @@ def gdn_det_saved_bytes_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options
     return gdn_saved_bytes_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=_deterministic(options))
 
 
+RECOMPUTED_TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd", "h")
+"""The tapes a light or inverse backward recomputes into its pools (those of
+them the layout has: inverse saves A and the norms)."""
+
+
+def tapes_fit_before_backward(layout: CallLayout) -> bool:
+    """Whether a backward's tape pools can be written before the backward
+    starts (a checkpoint's recompute writing them into the backward's
+    workspace, :mod:`gdn_kcp.checkpointing`): no pool the backward binds
+    before a tape's own bind shares that tape's bytes. The placement lets
+    such pools share them (a pool released before the tape is bound), which
+    it does when the backward replays the boundary exchange or overlaps b2
+    (its summary, c1/c2 or b1 buffers before h)."""
+    first: dict[str, int] = {}
+    for i, (kind, name) in enumerate(layout.events):
+        if kind == "bind":
+            first.setdefault(name, i)
+    pools = layout.pools
+    for tape in (t for t in RECOMPUTED_TAPES if t in pools):
+        lo, hi = pools[tape].offset, pools[tape].offset + pools[tape].nbytes
+        for name, i in first.items():
+            if name in RECOMPUTED_TAPES or i >= first[tape] or not pools[name].nbytes:
+                continue
+            if pools[name].offset < hi and lo < pools[name].offset + pools[name].nbytes:
+                return False
+    return True
+
+
 @dataclass(frozen=True)
 class CheckpointBytes:
     """What a checkpointed call whose recompute keeps its tapes
