@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, one_rank, run_ranks
+from checkpoint_cases import BOUNDS, H_QK, HV, K, V, Model, assert_bitwise, one_rank, run_ranks, warm_up
 from spawn import spawn_ranks
 
 from gdn_kcp import (OptionsKcp, build_kcp_context, checkpoint_policy, chunk_gated_delta_rule, gdn_checkpoint_bytes_kcp,
@@ -24,6 +24,11 @@ from gdn_kcp.checkpointing import VERIFIED_TORCH, last_checkpoint_record, torch_
 from gdn_kcp.host.programs import count_programs, use_programs
 
 REUSE = (None, True, False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def warm():
+    warm_up(one_rank(OptionsKcp()))
 
 
 def step(region: str, form: str, options: OptionsKcp, dtype=torch.float64, kcp: bool = False, **kwargs):
