@@ -21,7 +21,7 @@ from gdn_kcp.exchange import forward_a2a, forward_ring
 from gdn_kcp.kernels import ChunkIndex
 from gdn_kcp.options import OptionsKcp, save_plan, walks_with_output
 from gdn_kcp.queries.layout import SavedSpec
-from gdn_kcp.queries.shapes import norm_tapes
+from gdn_kcp.queries.shapes import TAPES, norm_tapes
 from gdn_kcp.workspace import Arena, Pools, adopted_view
 
 from gdn_kcp.plan import segments_for
@@ -29,10 +29,6 @@ from gdn_kcp.plan import segments_for
 from .programs import programs_for
 from gdn_kcp.ops.programs import PROGRAM_OPS
 from .segments import Segments, compose_starts, fold_summary, run_segment_summaries
-
-
-PREP_TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd")
-"""What prep writes."""
 
 
 @dataclass
@@ -302,7 +298,7 @@ def host_forward(
     if n_final_states is not None:
         final_state = torch.zeros(n_final_states, call.HV, call.K, call.V, dtype=compute_dtype(q.dtype),
                                   device=q.device)
-    if skip_output and not (keep_tapes or call.ctx.exchanges or any(map(buffers.keeps, PREP_TAPES))):
+    if skip_output and not (keep_tapes or call.ctx.exchanges or any(map(buffers.keeps, TAPES))):
         arena.close()  # nothing to save that a program writes: the recompute launches none
         return None, final_state
     arena.phase("fwd.phase.prep")

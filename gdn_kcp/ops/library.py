@@ -24,10 +24,10 @@ from torch import Tensor
 from gdn_kcp.context import context_from_meta
 from gdn_kcp.host import Buffers, Call, host_backward, host_forward
 from gdn_kcp.options import kept_tape_options, options_from_str, overlaps_b2, save_plan
-from gdn_kcp.queries.layout import (RECOMPUTED_TAPES, CallLayout, gdn_workspace_layout_kcp, kernel_saved_layout,
+from gdn_kcp.queries.layout import (CallLayout, gdn_workspace_layout_kcp, kernel_saved_layout,
                                     tapes_fit_before_backward)
 from gdn_kcp.dtypes import compute_dtype
-from gdn_kcp.queries.shapes import SAVED_NAMES
+from gdn_kcp.queries.shapes import SAVED_NAMES, TAPES
 from gdn_kcp.workspace import Arena, Pools
 
 DEVICES = ("cpu", "cuda")
@@ -67,15 +67,30 @@ class TensorSpec(NamedTuple):
     dtype: torch.dtype
 
 
+def op_call(q: Tensor, v: Tensor, chunk_table, frag_table, meta, group_name, options, scale,
+            gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float, **flags) -> Call:
+    """The :class:`Call` an op's arguments describe (``flags``: ``as_ops``, ``tapes_ready``)."""
+    ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
+    return Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale,
+                gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale, **flags)
+
+
+def forward_returns(q: Tensor, call: Call, o: Tensor, final_state: Tensor | None, buffers: Buffers) -> tuple:
+    """What :func:`fwd` returns: o, the final states (empty when not asked)
+    and one tensor per name of ``SAVED_NAMES`` (empty where none was saved)."""
+    cdt = compute_dtype(q.dtype)
+    if final_state is None:
+        final_state = q.new_empty(0, call.HV, call.K, call.V, dtype=cdt)
+    return (o, final_state, *(buffers.saved.get(name, q.new_empty(0, dtype=cdt)) for name in SAVED_NAMES))
+
+
 def op_setup(q: Tensor, v: Tensor, workspace: Tensor | None, chunk_table, frag_table, meta, group_name, options,
              scale, which: str, gate_params: Tensor | None, beta_sigmoid: bool, beta_scale: float,
              tapes_ready: bool = False) -> tuple[Call, dict, Buffers]:
     """The call, its saved layout and its buffers (the ``which`` call's arena
     over ``workspace``; with None, :class:`Pools`), rebuilt from the op's arguments."""
-    ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
-    call = Call(ctx, options_from_str(options), ctx.index, v.shape[1], q.shape[2], v.shape[2], scale,
-                gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale, as_ops=workspace is None,
-                tapes_ready=tapes_ready)
+    call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale, gate_params, beta_sigmoid,
+                   beta_scale, as_ops=workspace is None, tapes_ready=tapes_ready)
     dims = (tuple(meta), q.shape[1], call.HV, call.K, call.V, q.dtype, options, which)
     if workspace is None:
         saved, pools = traced_layouts(*dims)
@@ -120,11 +135,7 @@ def forward_body(
     )
     if set(buffers.saved) != set(saved_layout):
         raise RuntimeError(f"the forward saved {sorted(buffers.saved)}, its layout names {sorted(saved_layout)}")
-    cdt = compute_dtype(q.dtype)
-    saved = tuple(buffers.saved[name] if name in saved_layout else q.new_empty(0, dtype=cdt) for name in SAVED_NAMES)
-    if final_state is None:
-        final_state = q.new_empty(0, call.HV, call.K, call.V, dtype=cdt)
-    return (o, final_state, *saved)
+    return forward_returns(q, call, o, final_state, buffers)
 
 
 @torch.library.custom_op("gdn_kcp::bwd", mutates_args=("workspace",), device_types=DEVICES)
@@ -191,10 +202,9 @@ def recompute(
     the call's backward, uint8) the tapes go into their pools there instead,
     where :func:`bwd` with ``tapes_ready`` binds them (none is returned)."""
     check_contiguous(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
-    ctx = context_from_meta(list(meta), chunk_table, frag_table, group_name)
-    opts = options_from_str(options)
-    call = Call(ctx, opts, ctx.index, v.shape[1], q.shape[2], v.shape[2], scale, gate_params=gate_params,
-                beta_sigmoid=beta_sigmoid, beta_scale=beta_scale)
+    call = op_call(q, v, chunk_table, frag_table, meta, group_name, options, scale, gate_params, beta_sigmoid,
+                   beta_scale)
+    opts = call.options
     dims = (tuple(meta), q.shape[1], call.HV, call.K, call.V, q.dtype)
     saved_layout, layout = call_layouts(*dims, options, "fwd")
     pools, kept_layout, into = dict(layout.pools), {}, {}
@@ -204,19 +214,16 @@ def recompute(
     if keep_tapes and tapes_into is not None:
         backward = Arena(tapes_into, call_layouts(*dims, options, "bwd")[1], graph=opts.graph == "replay",
                          recorded=False)
-        into = {name: backward.bind(name) for name in RECOMPUTED_TAPES if name in backward.pools}
+        into = {name: backward.bind(name) for name in TAPES if name in backward.pools}
         kept_layout = {}
     buffers = Buffers(Pools("fwd", pools, q.device), {**kept_layout, **saved_layout}, q.device, saving=True,
                       into=into)
     o, final_state = host_forward(q, k, v, g, beta, call, buffers, initial_state=initial_state,
                                   n_final_states=n_final_states or None, keep_tapes=keep_tapes,
                                   skip_output=skip_output)
-    cdt = compute_dtype(q.dtype)
     if o is None:  # one zero read at every index: torch discards it (not left uninitialised, so every run agrees)
         o = q.new_zeros(1).expand(q.shape[0], call.HV, call.V)
-    if final_state is None:
-        final_state = q.new_empty(0, call.HV, call.K, call.V, dtype=cdt)
-    return (o, final_state, *(buffers.saved.get(name, q.new_empty(0, dtype=cdt)) for name in SAVED_NAMES))
+    return forward_returns(q, call, o, final_state, buffers)
 
 
 @recompute.register_fake

@@ -19,7 +19,7 @@ from gdn_kcp.dtypes import buffer_dtype, check_input_dtype, compute_dtype
 from gdn_kcp.options import OptionsKcp
 
 from .schedule import backward_events, forward_events
-from .shapes import Dims, conv_halo_shape, numel, pool_shapes, saved_shapes
+from .shapes import TAPES, Dims, conv_halo_shape, numel, pool_shapes, saved_shapes
 
 ALIGN = 256
 """Pool offsets are multiples of 256 bytes: every pool starts on a boundary
@@ -389,11 +389,6 @@ def gdn_det_saved_bytes_kcp(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options
     return gdn_saved_bytes_kcp(ctx, H_qk, HV, K, V, dtype=dtype, options=_deterministic(options))
 
 
-RECOMPUTED_TAPES = ("A", "w", "v_new", "q_rstd", "k_rstd", "h")
-"""The tapes a light or inverse backward recomputes into its pools (those of
-them the layout has: inverse saves A and the norms)."""
-
-
 def tapes_fit_before_backward(layout: CallLayout) -> bool:
     """Whether a backward's tape pools can be written before the backward
     starts (a checkpoint's recompute writing them into the backward's
@@ -407,10 +402,10 @@ def tapes_fit_before_backward(layout: CallLayout) -> bool:
         if kind == "bind":
             first.setdefault(name, i)
     pools = layout.pools
-    for tape in (t for t in RECOMPUTED_TAPES if t in pools):
+    for tape in (t for t in TAPES if t in pools):  # those the backward recomputes (inverse saves A, norms)
         lo, hi = pools[tape].offset, pools[tape].offset + pools[tape].nbytes
         for name, i in first.items():
-            if name in RECOMPUTED_TAPES or i >= first[tape] or not pools[name].nbytes:
+            if name in TAPES or i >= first[tape] or not pools[name].nbytes:
                 continue
             if pools[name].offset < hi and lo < pools[name].offset + pools[name].nbytes:
                 return False
