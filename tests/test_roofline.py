@@ -25,6 +25,10 @@ _spec = importlib.util.spec_from_file_location("roofline", ROOT / "benchmarks" /
 roofline = importlib.util.module_from_spec(_spec)
 sys.modules["roofline"] = roofline
 _spec.loader.exec_module(roofline)
+_spec = importlib.util.spec_from_file_location("recalibrate", ROOT / "benchmarks" / "recalibrate.py")
+recalibrate = importlib.util.module_from_spec(_spec)
+sys.modules["recalibrate"] = recalibrate
+_spec.loader.exec_module(recalibrate)
 
 Launch, Work, H200 = roofline.Launch, roofline.Work, roofline.H200
 ETA_M, ETA_C, LATENCY = H200.memory_efficiency, H200.compute_efficiency, H200.step_latency
@@ -314,12 +318,12 @@ def test_readme_and_docs_state_the_walk_over_segments():
 
 
 def test_gpu_check_rates_and_ratios_come_from_the_model():
-    """gpu_check's achieved TFLOP/s divide the model's FLOPs of a kernel by its
+    """The GPU check's achieved TFLOP/s (gpu_stages.py) divide the model's FLOPs of a kernel by its
     measured time; its per-kernel ratio sums FLA's counterparts of ours."""
-    sys.modules.setdefault("roofline", roofline)
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    sys.modules.setdefault("roofline", roofline)  # roofline put benchmarks/ on sys.path: gpu_common imports
+    spec = importlib.util.spec_from_file_location("gpu_stages", ROOT / "benchmarks" / "gpu_stages.py")
+    gpu_stages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_stages)
     from gdn_kcp import build_kcp_context
 
     ctx = build_kcp_context([0, 70, 200])
@@ -330,10 +334,10 @@ def test_gpu_check_rates_and_ratios_come_from_the_model():
     prep = roofline.kernel_flops(roofline.our_launches(shape, elements))["prep_kernel"]
     assert prep == sum(x.programs * x.work.flops for x in roofline.our_launches(shape, elements)
                        if x.kernel == "prep_kernel") > 0
-    rates = gpu_check.achieved_tflops({"gdn_kcp": {"prep_kernel": 2.0, "aten::mm": 1.0}}, ctx, dims)
+    rates = gpu_stages.achieved_tflops({"gdn_kcp": {"prep_kernel": 2.0, "aten::mm": 1.0}}, ctx, dims)
     assert rates == {"gdn_kcp": {"prep_kernel": round(prep / 2e-3 / 1e12, 2)}}
     fla = dict.fromkeys(roofline.COUNTERPARTS[("prep_kernel",)], 1.0)
-    assert gpu_check.counterpart_ratios({"prep_kernel": 2.0, "output_kernel": 1.0}, fla) == {
+    assert gpu_stages.counterpart_ratios({"prep_kernel": 2.0, "output_kernel": 1.0}, fla) == {
         "prep_kernel": len(fla) / 2.0}  # output's counterpart was not profiled
 
 
@@ -418,10 +422,19 @@ heads, K), smaller as on a dry run: the model must be evaluated at the shape run
 NO_FLA = "ModuleNotFoundError: No module named 'fla'"
 
 
-def synthetic_check(facts):
-    """A gpu_check.json calibration whose FLA and our times are the model's at TRUTH, except ours:
+def nested(results, status="ran", error=None):
+    """A GPU check as gpu_check.py writes it: the calibration stage's ``results`` under
+    ``stages/calibration``, beside its status (and error), after the run's header."""
+    stage = {"status": status, "seconds": 12.5, "cap_s": 75} | ({"results": results} if results is not None else {})
+    return {"run": {"device": "NVIDIA H200", "dry_run": False},
+            "stages": {"programs": {"status": "ran"}, "calibration": stage | ({"error": error} if error else {})}}
+
+
+def synthetic_check(facts, layout="nested"):
+    """A gpu_check.json whose calibration's FLA and our times are the model's at TRUTH, except ours:
     the first row's backward is measured 30 % under the model, the second's forward 4 % over. The
-    first row leaves out K (128) and timing (eager); the second was timed in CUDA graphs."""
+    first row leaves out K (128) and timing (eager); the second was timed in CUDA graphs. ``layout``
+    "flat" is the older form, the rows under a top-level "calibration"."""
     rows = []
     for (H, HV, T), (run_H, run_HV, run_T, K) in CHECK_SHAPES:
         s = roofline.model_shape(run_T, 1, run_H, run_HV, K, K)
@@ -429,18 +442,23 @@ def synthetic_check(facts):
         ours = roofline.estimate(roofline.our_shape_launches(s), facts["ours"], TRUTH)
         rows.append({"H_qk": H, "HV": HV, "T": T, "run_T": run_T, "run_heads": [run_H, run_HV], "K": K,
                      "published_fla_ms": {"forward": None, "backward": 5.697}, "model_ms": {},
-                     "fla_ms": {p: fla[f"{p}_ms"] for p in roofline.PHASES},
-                     "gdn_kcp_ms": {p: ours[f"{p}_ms"] for p in roofline.PHASES},
+                     "fla_ms": {p: fla[f"{p}_ms"] for p in recalibrate.PHASES},
+                     "gdn_kcp_ms": {p: ours[f"{p}_ms"] for p in recalibrate.PHASES},
                      "flash_qla_error": "ModuleNotFoundError: No module named 'flash_qla'"})
     del rows[0]["K"]
     rows[0]["gdn_kcp_ms"]["backward"] /= 1.30
     rows[1]["gdn_kcp_ms"]["forward"] *= 1.04
     rows[1]["timing"] = "cuda_graph"
-    return {"calibration": rows}
+    return nested({"calibration": rows}) if layout == "nested" else {"calibration": rows}
 
 
-def run_roofline(*args):
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "roofline.py"), *map(str, args)], cwd=ROOT,
+def rows_of(check):
+    """The calibration rows of a synthetic check, either layout."""
+    return check["stages"]["calibration"]["results"]["calibration"] if "stages" in check else check["calibration"]
+
+
+def run_script(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -449,8 +467,8 @@ def test_recalibration_refits_to_the_fla_rows_and_names_the_misses():
     efficiency back at 0.9; ours, held out, are predicted from it: the row 30 % off is the one miss,
     the one 4 % off is not."""
     facts = roofline.load_facts()
-    report = roofline.recalibrate(synthetic_check(facts), facts)
-    assert report["error"] is None and report["committed"] == roofline.constants(H200)
+    report = recalibrate.recalibrate(synthetic_check(facts), facts)
+    assert report["error"] is None and report["committed"] == recalibrate.constants(H200)
     assert report["refit"]["memory_efficiency"] == pytest.approx(0.9, rel=0.01)
     assert len(report["rows"]) == 4 and all(abs(r["fla"]["error"]) <= 0.01 for r in report["rows"]), report["rows"]
     ours = {(r["row"], r["phase"]): r["gdn_kcp"]["error"] for r in report["rows"]}
@@ -459,35 +477,43 @@ def test_recalibration_refits_to_the_fla_rows_and_names_the_misses():
     assert [(x["implementation"], x["row"], x["phase"]) for x in report["misses"]] == [
         ("gdn_kcp", "H_qk 16, HV 32, T 32768", "backward")]
     assert report["timing"] == {"cuda_graph": 1, "eager": 1} and report["rows"][0]["K"] == 128
+    assert report["stage"] == "ran"
     assert json.loads(json.dumps(report)) == report  # what --json prints
 
 
 def test_recalibration_cli_prints_the_report(tmp_path):
     """``roofline.py --recalibrate gpu_check.json``: exit 0 with a miss (a report), the miss named,
-    the eager timing flagged, the refit beside the committed constants."""
+    the eager timing flagged, the refit beside the committed constants; a calibration stage that
+    timed out after its rows is read, and its status said."""
+    check = synthetic_check(roofline.load_facts())
+    check["stages"]["calibration"]["status"] = "timed out"
     path = tmp_path / "gpu_check.json"
-    path.write_text(json.dumps(synthetic_check(roofline.load_facts())))
-    done = run_roofline("--recalibrate", path)
+    path.write_text(json.dumps(check))
+    done = run_script("roofline.py", "--recalibrate", path)
     assert done.returncode == 0, done.stderr
     assert "MISS >20%: ours H_qk 16, HV 32, T 32768 backward (+30%)\n" in done.stdout, done.stdout
     assert "eager in 1 of 2 rows" in done.stdout and "CUDA-graph replays" in done.stdout
+    assert "The calibration stage timed out: these are the rows it finished." in done.stdout
     (constant,) = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| memory_efficiency |")]
     assert constant[2].strip() == "1" and float(constant[3]) == pytest.approx(0.9, rel=0.01)  # committed, refit
     assert "Left out: FLA" not in done.stdout
 
 
-def test_recalibration_without_fla_exits_non_zero(tmp_path, capsys):
+@pytest.mark.parametrize("layout", ["nested", "flat"])
+def test_recalibration_without_fla_exits_non_zero(tmp_path, capsys, layout):
     """A check where FLA did not import has nothing to refit: --recalibrate prints its report (here
     --json) of ours against the committed constants, then exits with the reason (SystemExit with a
-    message: status 1)."""
+    message: status 1), the import's error read where each layout records it."""
     facts = roofline.load_facts()
-    check = dict(synthetic_check(facts), fla_error=NO_FLA)  # FLA did not import: no row has fla_ms
-    for row in check["calibration"]:
+    check = synthetic_check(facts, layout)
+    # FLA did not import: no row has fla_ms, the stage's results (the flat check) say why
+    (check["stages"]["calibration"]["results"] if layout == "nested" else check)["fla_error"] = NO_FLA
+    for row in rows_of(check):
         del row["fla_ms"]
     path = tmp_path / "gpu_check.json"
     path.write_text(json.dumps(check))
     with pytest.raises(SystemExit) as exit:
-        roofline.run_recalibration(path, facts, as_json=True)
+        recalibrate.run_recalibration(path, facts, as_json=True)
     message = str(exit.value.code)
     assert "no usable FLA rows" in message and "cannot refit" in message and "No module named 'fla'" in message
     report = json.loads(capsys.readouterr().out)
@@ -497,6 +523,42 @@ def test_recalibration_without_fla_exits_non_zero(tmp_path, capsys):
                                   facts["ours"], H200)
     assert report["rows"][0]["fla"] is None
     assert report["rows"][0]["gdn_kcp"]["model_ms"] == pytest.approx(committed["forward_ms"])
+
+
+TRACEBACK = """Traceback (most recent call last):
+  File "benchmarks/gpu_check.py", line 77, in run_stage
+    stage(results, setup)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
+Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+"""
+
+
+@pytest.mark.parametrize("check, named", [
+    (nested(None, "failed", TRACEBACK),
+     "calibration stage has no rows (status 'failed': torch.OutOfMemoryError: CUDA out of memory."),
+    (nested({}, "timed out", "compiling prep_kernel\n"), "no rows (status 'timed out': compiling prep_kernel)"),
+    (nested(None, "skipped: out of time"), "no rows (status 'skipped: out of time')"),
+    ({"run": {}, "stages": {"programs": {"status": "ran"}}}, "did not run its calibration stage (it ran: programs)"),
+])
+def test_recalibration_without_a_calibration_stage_exits_non_zero(tmp_path, capsys, check, named):
+    """A check whose calibration stage left no rows exits with a message naming the stage's status
+    and what went wrong (a traceback's exception, not its first line), and prints no report."""
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(check))
+    with pytest.raises(SystemExit) as exit:
+        recalibrate.run_recalibration(path, {}, as_json=True)
+    assert named in str(exit.value.code) and str(path) in str(exit.value.code), exit.value.code
+    assert capsys.readouterr().out == ""
+
+
+def test_recalibrate_script_runs_alone(tmp_path):
+    """``recalibrate.py gpu_check.json`` is the same entry point as ``roofline.py --recalibrate``:
+    here on a check whose calibration stage failed, exit 1 with the reason."""
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(nested(None, "failed", TRACEBACK)))
+    done = run_script("recalibrate.py", path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "status 'failed': torch.OutOfMemoryError" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("change, named", [
@@ -510,16 +572,16 @@ def test_recalibration_without_fla_exits_non_zero(tmp_path, capsys):
     (lambda check, row: row.update(gdn_kcp_ms=[1.0, 2.0]), r"\['gdn_kcp_ms'\] = \[1.0, 2.0\]"),
 ])
 def test_recalibration_names_what_is_malformed(change, named):
-    """A malformed check is a ValueError naming the key and the value; a time that is not positive
-    is no error but left out, with the reason."""
+    """A malformed check (here the flat layout) is a ValueError naming the key and the value; a time
+    that is not positive is no error but left out, with the reason."""
     row = {"H_qk": 2, "HV": 8, "T": 32768, "run_T": 96, "run_heads": [1, 2],
            "fla_ms": {"forward": 1.0, "backward": 2.0}, "gdn_kcp_ms": {"forward": 1.0, "backward": 0.0}}
-    (usable,) = roofline.check_rows({"calibration": [dict(row)]})
+    (usable,) = recalibrate.check_rows({"calibration": [dict(row)]})
     assert usable.measured["gdn_kcp"] == {"forward": 1.0}
     assert usable.errors["gdn_kcp"] == "not positive: backward 0.0 ms"
     check = {"calibration": [row]}
     change(check, row)
     with pytest.raises(ValueError, match=named):
-        roofline.check_rows(check)
+        recalibrate.check_rows(check)
     with pytest.raises(ValueError, match="no measured rows"):
         roofline.fit({}, rows=[])
