@@ -7,41 +7,9 @@ import random
 import torch
 
 from gdn_kcp import chunk_gated_delta_rule, naive_recurrence
+from gdn_kcp.kernels.twin_check import make_inputs  # noqa: F401 (the tests' seeded inputs)
 
 NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
-
-
-def make_inputs(
-    T: int,
-    H_qk: int,
-    HV: int,
-    K: int,
-    V: int,
-    *,
-    dtype: torch.dtype = torch.float64,
-    seed: int = 0,
-    l2: bool = False,
-    B: int = 1,
-) -> list[torch.Tensor]:
-    """q, k ``[B, T, H_qk, K]``, v ``[B, T, HV, V]``, g, beta ``[B, T, HV]``.
-
-    Without the in-kernel norm, k is given unit rows (the recurrence is only
-    contractive for ``beta ||k||^2 < 2``, as in a trained model); with it, q and
-    k are raw Gaussians that the kernel normalises.
-    """
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    q, k = randn(B, T, H_qk, K), randn(B, T, H_qk, K)
-    if not l2:
-        q = q / q.norm(dim=-1, keepdim=True)
-        k = k / k.norm(dim=-1, keepdim=True)
-    v = randn(B, T, HV, V)
-    g = torch.nn.functional.logsigmoid(randn(B, T, HV) + 4.0)  # exp(g) ~ 0.98: states live ~50 tokens
-    beta = torch.sigmoid(randn(B, T, HV))
-    return [x.to(dtype) for x in (q, k, v, g, beta)]
 
 
 def random_bounds(T: int, seed: int, max_len: int = 40) -> list[int]:

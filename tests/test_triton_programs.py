@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gdn_inputs import make_inputs, rel_rms
-from program_cases import compare_segments_with_torch, compare_with_torch, run_segment_programs
+from gdn_kcp.kernels.twin_check import compare_segments_with_torch, compare_with_torch, run_segment_programs
 
 from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
 from gdn_kcp.host.programs import use_programs

@@ -1,16 +1,51 @@
-"""Every program of one backend against its torch twin, on the same inputs: the
-tapes a forward writes and the gradients a backward writes."""
+"""Every program of one backend against its torch twin, on the same inputs and
+device: the tapes a forward writes and the gradients a backward writes. The
+tests run it under Triton's interpreter; ``benchmarks/gpu_check.py`` runs it on
+a GPU, where the package is all it may import."""
 
 from __future__ import annotations
 
 import torch
-from gdn_inputs import make_inputs
 
 from gdn_kcp.dtypes import buffer_dtype
 from gdn_kcp.kernels import CHUNK_SIZE, CROSSING_IN, CROSSING_OUT, ChunkIndex
 from gdn_kcp.kernels import torch as torch_programs
 from gdn_kcp.kernels.chunk_index import capped_index
 from gdn_kcp.kernels.segments import segment_tables, summary_rows, table_elements
+
+
+def make_inputs(
+    T: int,
+    H_qk: int,
+    HV: int,
+    K: int,
+    V: int,
+    *,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    l2: bool = False,
+    B: int = 1,
+) -> list[torch.Tensor]:
+    """q, k ``[B, T, H_qk, K]``, v ``[B, T, HV, V]``, g, beta ``[B, T, HV]``.
+
+    Without the in-kernel norm, k is given unit rows (the recurrence is only
+    contractive for ``beta ||k||^2 < 2``, as in a trained model); with it, q and
+    k are raw Gaussians that the kernel normalises.
+    """
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q, k = randn(B, T, H_qk, K), randn(B, T, H_qk, K)
+    if not l2:
+        q = q / q.norm(dim=-1, keepdim=True)
+        k = k / k.norm(dim=-1, keepdim=True)
+    v = randn(B, T, HV, V)
+    g = torch.nn.functional.logsigmoid(randn(B, T, HV) + 4.0)  # exp(g) ~ 0.98: states live ~50 tokens
+    beta = torch.sigmoid(randn(B, T, HV))
+    return [x.to(dtype) for x in (q, k, v, g, beta)]
+
 
 SPARE_DOCS = 2
 """Zero-length documents past the range in a capped index: sentinel rows."""

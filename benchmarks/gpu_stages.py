@@ -1,0 +1,332 @@
+"""The GPU check's correctness and timing stages. Each takes the stage's
+:class:`~gpu_common.Results` and the run's :class:`~gpu_common.Setup`; each
+ratio is measured in this run against a baseline in this run."""
+
+from __future__ import annotations
+
+import torch
+from gpu_common import Setup, forward_backward_ms, leaves, rel_rms, timed
+
+from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
+from gdn_kcp.host.programs import use_programs
+
+NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
+PROGRAMS_T = 4096
+"""Tokens of the per-program comparison: the torch twins walk chunk by chunk."""
+
+
+def fla_entry():
+    """flash-linear-attention's ``chunk_gated_delta_rule`` (raises when it does not import)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule
+
+
+def flash_qla_entry():
+    """FlashQLA's chunked GDN (FLA's call form) when ``flash_qla`` imports, else None."""
+    try:
+        import flash_qla
+    except ImportError:
+        return None
+    return getattr(flash_qla, "chunk_gated_delta_rule", None)
+
+
+def programs(results, s: Setup):
+    """Every Triton program against its torch twin on the device (the forward
+    and backward programs, then the segment phases at P = 2), relative max
+    error of every tensor each writes."""
+    from gdn_kcp.kernels import triton as triton_programs
+    from gdn_kcp.kernels.twin_check import compare_segments_with_torch, compare_with_torch
+
+    H_qk, HV, K, V = s.dims
+    case = dict(bounds=s.truncated(PROGRAMS_T), H_qk=H_qk, HV=HV, K=K, V=V, dtype=s.dtype, seed=1, l2=True,
+                crossing=True, device=str(s.device))
+    limit = 1e-2 if s.dtype in (torch.bfloat16, torch.float16) else 1e-4
+    results["limit"] = limit
+    errors = compare_with_torch(triton_programs, **case)
+    results["max_relative_error"] = errors
+    segments = compare_segments_with_torch(triton_programs, **case, P=2)
+    results["segments_max_relative_error"] = segments
+    results["pass"] = all(err < limit for err in [*errors.values(), *segments.values()])
+
+
+def forward_backward(results, s: Setup):
+    """gdn_kcp (one rank) on the Triton programs against the torch programs,
+    the whole packing."""
+    ctx = build_kcp_context(list(s.bounds), device=s.device)
+    xs = [x.detach() for x in leaves(s)]
+    do = torch.randn_like(xs[2])
+    outs = {}
+    for backend in ("triton", "torch"):
+        grads_of = [x.clone().requires_grad_() for x in xs]
+        with use_programs(s.device.type, backend):
+            o, _ = gdn_kcp(*grads_of, ctx, use_qk_l2norm_in_kernel=True)
+            grads = torch.autograd.grad((o * do).sum(), grads_of)
+        outs[backend] = [o.detach(), *grads]
+    errors = {n: rel_rms(a, b) for n, a, b in zip(NAMES, outs["triton"], outs["torch"])}
+    results["relative_rms_vs_torch_programs"] = errors
+    results["pass"] = all(e < 1e-2 for e in errors.values())
+
+
+def timing(results, s: Setup):
+    """Forward and backward of the whole packing (CUDA-graph replays): ours
+    (light, and ``save_mode="inverse"``, which keeps A as FLA does) and FLA's
+    with ``cu_seqlens`` (whose index takes host syncs: eager where it cannot
+    capture, said in ``how``), beside the calibrated model at this packing."""
+    import roofline
+
+    ctx = build_kcp_context(list(s.bounds), device=s.device)
+    xs = leaves(s)
+    cu = torch.tensor(s.bounds, dtype=torch.long, device=s.device)
+    do = torch.randn_like(xs[2])
+    rows = {name: (lambda mode=mode: gdn_kcp(*xs, ctx, options=OptionsKcp(use_qk_l2norm=True, save_mode=mode))[0])
+            for name, mode in (("gdn_kcp", "light"), ("gdn_kcp_inverse", "inverse"))}
+    try:
+        fla = fla_entry()
+        rows["fla"] = lambda: fla(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
+        with torch.no_grad():
+            results["fla_vs_ours_o_relative_rms"] = rel_rms(rows["fla"](), rows["gdn_kcp"]())
+    except Exception as error:  # noqa: BLE001 - FLA absent or failing: ours alone, the reason reported
+        results["fla_error"] = f"{type(error).__name__}: {error}"
+    measured = {}
+    for name, fn in rows.items():
+        ms, how = forward_backward_ms(fn, xs, do, s.device, s.dry)
+        measured[name] = dict(ms, how=how)
+        results["ms"] = measured
+    shape, facts = roofline.shape_of(ctx, *s.dims), roofline.load_facts()
+    light = roofline.compare(shape, facts)
+    model = {"gdn_kcp": light["ours"], "fla": light["fla"],
+             "gdn_kcp_inverse": roofline.compare(shape, facts, save_mode="inverse")["ours"]}
+    results["model_ms"] = {name: {"forward": round(r["forward_ms"], 3), "backward": round(r["backward_ms"], 3)}
+                           for name, r in model.items()}
+
+
+def calibration(results, s: Setup):
+    """The model's calibration rows (``roofline.CALIBRATION``: one sequence,
+    K = V = 128, bf16): forward and backward ms of ours, FLA's and FlashQLA's
+    (when they import), CUDA-graph replays as FLA's published times and the
+    model count, each beside the model's estimate. ``roofline.py
+    --recalibrate`` refits the model on the FLA rows of this stage. FLA runs
+    without ``cu_seqlens`` (one sequence), so it captures."""
+    import roofline
+
+    facts = roofline.load_facts()
+    paths = {"gdn_kcp": None}
+    try:
+        paths["fla"] = fla_entry()
+    except Exception as error:  # noqa: BLE001
+        results["fla_error"] = f"{type(error).__name__}: {error}"
+    if flash_qla_entry() is not None:
+        paths["flash_qla"] = flash_qla_entry()
+    published = {(m.H, m.HV, m.T, m.phase): m.ms for m in roofline.CALIBRATION}
+    rows = []
+    for H_qk, HV, T in sorted({(m.H, m.HV, m.T) for m in roofline.CALIBRATION}, reverse=True):
+        run_T, K, heads = (96, s.dims[2], (max(1, H_qk // 8), max(1, HV // 8))) if s.dry else (T, 128, (H_qk, HV))
+        xs = leaves(s, run_T, heads)
+        ctx = build_kcp_context([0, run_T], device=s.device)
+        do = torch.randn_like(xs[2])
+        model = roofline.compare(roofline.model_shape(T, 1, H_qk, HV), facts)
+        row = {"H_qk": H_qk, "HV": HV, "T": T, "K": K, "run_T": run_T, "run_heads": list(heads),
+               "published_fla_ms": {phase: published.get((H_qk, HV, T, phase)) for phase in ("forward", "backward")},
+               "model_ms": {name: {"forward": round(r["forward_ms"], 3), "backward": round(r["backward_ms"], 3)}
+                            for name, r in model.items()}}
+        hows = []
+        for name, entry in paths.items():
+            def fn(entry=entry):
+                if entry is None:
+                    return gdn_kcp(*xs, ctx, use_qk_l2norm_in_kernel=True)[0]
+                return entry(*xs, use_qk_l2norm_in_kernel=True)[0]
+
+            try:
+                row[f"{name}_ms"], how = forward_backward_ms(fn, xs, do, s.device, s.dry)
+                row[f"{name}_timing"] = how
+                hows.append(how)
+            except Exception as error:  # noqa: BLE001 - one path failing leaves the others' rows
+                row[f"{name}_error"] = f"{type(error).__name__}: {error}"
+        row["timing"] = "cuda_graph" if hows and all(h == "cuda_graph" for h in hows) else "eager"
+        rows.append(row)
+        results["calibration"] = rows
+
+
+def kernel_ms(fn, device) -> dict[str, float]:
+    """Milliseconds of each profiler event with time in one call of ``fn``:
+    device time on a GPU, self CPU time on the CPU (where events are ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", 0) if device.type == "cuda" else event.self_cpu_time_total
+        if us > 0:
+            times[event.key] = us / 1e3
+    return times
+
+
+def profile(results, s: Setup):
+    """Per-kernel device time of one forward+backward (torch.profiler), ours and
+    FLA's when it imports, with the achieved TFLOP/s of every kernel the model
+    counts and FLA's time over ours kernel by kernel."""
+    ctx = build_kcp_context(list(s.bounds), device=s.device)
+    xs = leaves(s)
+    cu = torch.tensor(s.bounds, dtype=torch.long, device=s.device)
+    do = torch.randn_like(xs[2])
+    paths = {"gdn_kcp": lambda: gdn_kcp(*xs, ctx, use_qk_l2norm_in_kernel=True)[0]}
+    try:
+        fla = fla_entry()
+        paths["fla"] = lambda: fla(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
+    except Exception:  # noqa: BLE001 - ours alone
+        pass
+    table = {}
+    for name, fn in paths.items():
+        torch.autograd.grad((fn() * do).sum(), xs)  # compiled and warm
+        rows = {key[:80]: round(ms, 3)
+                for key, ms in kernel_ms(lambda: torch.autograd.grad((fn() * do).sum(), xs), s.device).items()}
+        table[name] = dict(sorted(rows.items(), key=lambda kv: -kv[1])[:25])
+    results["kernel_ms"] = table
+    results["kernel_tflops"] = achieved_tflops(table, ctx, s.dims)
+    if "fla" in table:
+        results["kernel_ratio_fla_over_ours"] = counterpart_ratios(table["gdn_kcp"], table["fla"])
+
+
+def achieved_tflops(kernel_ms: dict, ctx, dims) -> dict:
+    """Achieved TFLOP/s of every profiled kernel the static model counts: its
+    FLOPs in one forward+backward (``roofline.kernel_flops`` at this context's
+    tokens, chunks and documents) over its measured time."""
+    import roofline
+
+    shape = roofline.shape_of(ctx, *dims)
+    elements = roofline.pool_element_sizes(ctx, shape, OptionsKcp(use_qk_l2norm=True))
+    flops = {"gdn_kcp": roofline.kernel_flops(roofline.our_launches(shape, elements, P=roofline.plan_p(ctx, shape))),
+             "fla": roofline.kernel_flops(roofline.fla_launches(shape))}
+    return {name: {kernel: round(flops[name][kernel] / (ms * 1e-3) / 1e12, 2)
+                   for kernel, ms in rows.items() if flops[name].get(kernel) and ms > 0}
+            for name, rows in kernel_ms.items()}
+
+
+def counterpart_ratios(ours: dict, fla: dict) -> dict:
+    """FLA's time over ours, kernel by kernel (``roofline.COUNTERPARTS``: the
+    FLA kernels that do the work of each of ours), where both were profiled."""
+    import roofline
+
+    out = {}
+    for kernels, theirs in roofline.COUNTERPARTS.items():
+        mine = sum(ours.get(kernel, 0.0) for kernel in kernels)
+        if mine and all(name in fla for name in theirs):
+            out["+".join(kernels)] = round(sum(fla[name] for name in theirs) / mine, 3)
+    return out
+
+
+WALK_KERNELS = ("walk_output", "tape_walk", "segment_summary", "compose_segments", "adjoint_walk",
+                "adjoint_segment_summary", "compose_adjoints")
+"""The kernels of the state walks and of the segment phases (profiler names
+start with them; the forward's walk is the walk with the output)."""
+
+
+def walk_kernel_ms(fn, device) -> dict[str, float]:
+    """Milliseconds of each walk and segment kernel (:data:`WALK_KERNELS`) in one call of ``fn``."""
+    walks = {}
+    for key, ms in kernel_ms(fn, device).items():
+        name = next((w for w in WALK_KERNELS if key.startswith(w)), None)
+        if name:
+            walks[name] = walks.get(name, 0.0) + ms
+    return {name: round(ms, 3) for name, ms in walks.items()}
+
+
+def segments(results, s: Setup):
+    """Intra-rank segments on one long document of T tokens, at the check's HV
+    (the walk HBM-bound in the plan's model: it keeps P = 1) and at HV = 4
+    (the model expects P > 1 to pay): the walk kernels' device times at P = 1,
+    the plan's P (this device's SM count) and 2, 4, 8, the plan's model of the
+    forward walk beside them, each P checked against P = 1."""
+    H_qk, HV, K, V = s.dims
+    for heads in (4,) if s.dry else dict.fromkeys((HV, 4)):  # the dry run: one head count, P = 1 and 2
+        results[f"HV={heads}"] = segment_times(s, (min(H_qk, heads), heads))
+
+
+def segment_times(s: Setup, heads: tuple[int, int]) -> dict:
+    from gdn_kcp.plan import plan_segments, segment_range, walk_cost
+
+    HV, K, V = heads[1], s.dims[2], s.dims[3]
+    ctx = build_kcp_context([0, s.T], device=s.device)
+    plan = plan_segments(ctx, HV, K, V)
+    xs = leaves(s, heads=heads)
+    do = torch.randn_like(xs[2])
+    repeats = dict(repeats=1, warmup=0) if s.dry else {}
+    rows, reference = {}, None
+    candidates = {1, plan, 2} if s.dry else {1, plan, 2, 4, 8}
+    for P in sorted(candidates & set(range(1, segment_range(ctx) + 1))):
+        options = OptionsKcp(use_qk_l2norm=True, segments=P)
+
+        def run():
+            return gdn_kcp(*xs, ctx, options=options)[0]
+
+        def step():
+            return torch.autograd.grad((run() * do).sum(), xs)
+
+        outputs = [run().detach(), *step()]
+        reference = reference or outputs
+        with torch.no_grad():
+            forward_walks = walk_kernel_ms(run, s.device)
+        walks = walk_kernel_ms(step, s.device)
+        rows[P] = {"forward_backward_ms": round(timed(step, s.device, **repeats), 3), "walk_kernels_ms": walks,
+                   "walk_ms": round(sum(walks.values()), 3),
+                   "forward_walk_ms": round(sum(forward_walks.values()), 3),
+                   "model_forward_walk_ms": round(walk_cost(P, chunks=ctx.plan_chunks, frags=ctx.plan_frags, HV=HV,
+                                                            K=K, V=V, n_sms=ctx.n_sms) * 1e3, 3),
+                   "max_relative_rms_vs_p1": max(rel_rms(a, b) for a, b in zip(outputs, reference))}
+    best = min(rows, key=lambda P: rows[P]["forward_walk_ms"])
+    return {"plan_P": plan, "measured_best_P": best, "n_sms": ctx.n_sms, "by_P": rows}
+
+
+def decode(results, s: Setup):
+    """Our GatedDeltaNet at FLA's layer head sizes (head_dim 256, expand_v 2: K =
+    256, V = 512): a prefill and 16 decode steps against the full forward, the
+    time per decode step (B = 8 rows), and, when flash-linear-attention's layer
+    imports, the same state dict in FLA's layer: its forward and its own
+    prefill + steps (FLA's cache protocol, our Cache object) against ours."""
+    from gdn_kcp.layers import Cache, GatedDeltaNet
+
+    config = dict(hidden_size=64, head_dim=16, num_heads=2, expand_v=2) if s.dry else \
+        dict(hidden_size=1024, head_dim=256, num_heads=4, expand_v=2)
+    B, T, steps = (2, 80, 4) if s.dry else (8, 2048, 16)
+    torch.manual_seed(0)
+    ours = GatedDeltaNet(layer_idx=0, **config).to(s.device, s.dtype).eval()
+    x = torch.randn(B, T + steps, config["hidden_size"], device=s.device, dtype=s.dtype)
+
+    def prefill_and_steps(layer):
+        cache, outputs = Cache(), []
+        with torch.no_grad():
+            outputs.append(layer(x[:, :T], use_cache=True, past_key_values=cache)[0])
+            for t in range(T, T + steps):
+                outputs.append(layer(x[:, t:t + 1], use_cache=True, past_key_values=cache)[0])
+        return torch.cat(outputs, 1), cache
+
+    with torch.no_grad():
+        full = ours(x)[0]
+    decoded, cache = prefill_and_steps(ours)
+    token = x[:, T:T + 1]
+    repeats = dict(repeats=1, warmup=0) if s.dry else {}
+    with torch.no_grad():  # a step that reads the cache and leaves it, timed again and again
+        step_ms = timed(lambda: ours(token, use_cache=False, past_key_values=cache)[0], s.device, **repeats)
+    results.update(config=config, B=B, prompt=T, steps=steps)
+    results["decode_vs_full_relative_rms"] = rel_rms(decoded, full)
+    results["decode_step_ms"] = step_ms
+    try:
+        from fla.layers import GatedDeltaNet as FlaGatedDeltaNet
+
+        theirs = FlaGatedDeltaNet(layer_idx=0, **config).to(s.device, s.dtype).eval()
+        ours.load_state_dict(theirs.state_dict(), strict=True)
+        with torch.no_grad():
+            results["fla_forward_vs_ours_relative_rms"] = rel_rms(theirs(x)[0], ours(x)[0])
+        results["fla_decode_vs_ours_relative_rms"] = rel_rms(prefill_and_steps(theirs)[0],
+                                                             prefill_and_steps(ours)[0])
+        fla_cache = prefill_and_steps(theirs)[1]
+        with torch.no_grad():
+            results["fla_decode_step_ms"] = timed(
+                lambda: theirs(token, use_cache=False, past_key_values=fla_cache)[0], s.device, **repeats)
+    except Exception as error:  # noqa: BLE001 - FLA's layers (flash-linear-attention, transformers) absent
+        results["fla_error"] = f"{type(error).__name__}: {error}"
