@@ -179,7 +179,7 @@ def test_one_traced_graph_serves_every_packing():
 @pytest.mark.parametrize("exchange, R, boundary_mode, more", [
     ("a2a", 3, "saved", {}), ("a2a", 3, "saved", {"save_transfer": True, "segments": 2}),
     ("a2a", 2, "replay", {}), ("ring", 3, "saved", {}), ("ring", 2, "replay", {}),
-    ("a2a", 3, "saved", {"schedule": "overlap"}),
+    ("a2a", 3, "saved", {"schedule": "overlap"}), ("a2a", 2, "replay", {"schedule": "overlap"}),
 ])
 def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     """KCP under the traced host path, on gloo ranks: with the all-to-all
@@ -190,33 +190,55 @@ def test_ranks_trace_the_exchange(exchange, R, boundary_mode, more):
     gdn_kcp::fwd / bwd; with the ring each hop is an ordered
     ``gdn_kcp::send_recv`` (one at a chain's end, two on a middle rank,
     again in a replayed backward). With
-    ``schedule="overlap"`` the backward's b2 is an ordered start and wait
-    with the recomputed tape walk's products between them. Outputs and
-    gradients equal eager on every rank."""
+    ``schedule="overlap"`` (3 ranks with a saved boundary, 2 with a replayed
+    one) the backward's b2 is an ordered start and wait, and the graph's
+    data orders them around the recomputed tape walk: the walk reads tables
+    copied after the start, the wait takes the walk's h
+    (``lowering_cases.wait_follows_the_walk_by_data``). Outputs and gradients
+    equal eager on every rank."""
     from spawn import spawn_ranks
 
     spawn_ranks(R, traced_ranks, exchange, boundary_mode, more)
 
 
-def test_layer_traces_over_ranks():
-    """FLA's layer under KCP (3 gloo ranks, one holding a single token) inside
-    ``trace_host_path``: every rank's outputs and gradients equal eager; the
-    graphs hold the ordered exchanges and the halo's ops, no gdn_kcp::fwd / bwd."""
+@pytest.mark.parametrize("R", [2, 3])
+def test_layer_traces_over_ranks(R):
+    """FLA's layer under KCP inside ``trace_host_path``, compiled with aot_eager
+    on 2 gloo ranks (a document across the boundary) and 3 (one rank holding
+    a single token): every rank's outputs and gradients equal eager bit for
+    bit; the graphs hold every exchange as an ordered effect, the halo's
+    included, in order (the halo rounds, c1, c2; b1, b2, the halo
+    gradients' rounds), and no gdn_kcp::fwd / bwd."""
     from spawn import spawn_ranks
 
-    spawn_ranks(3, traced_layer_ranks)
+    spawn_ranks(R, traced_layer_ranks, "aot_eager")
 
 
 @pytest.mark.skipif(os.environ.get("GDN_KCP_LOWERING_INDUCTOR") != "1",
-                    reason="set GDN_KCP_LOWERING_INDUCTOR=1 (make lowering-check): about 2 minutes of Inductor C++")
+                    reason="set GDN_KCP_LOWERING_INDUCTOR=1 (make lowering-check): minutes of Inductor C++")
 def test_inductor_overlaps_b2_with_the_walk():
     """``schedule="overlap"`` compiled by Inductor on 2 gloo ranks (replayed
-    boundary): in each rank's backward output code b2 is issued, the
-    recomputed tape walk's kernels run, then b2 is waited for; outputs and
-    gradients equal eager within 1e-12. About 2 minutes on 2 cores with an
-    empty Inductor cache (C++ for both graphs on both ranks): not CI, ``make
-    lowering-check`` (the 3-rank aot-autograd case above checks the order in
-    CI)."""
+    boundary): each rank's backward output code keeps the order the graph's
+    data forces (b2 issued, the walk's tables copied, the recomputed tape
+    walk's kernels, one writing the wait's ``after``, then the wait; no
+    Inductor pass moves it); outputs and gradients equal eager within 1e-12.
+    About 2.5 minutes on 2 cores with an empty Inductor cache (C++ for both
+    graphs on both ranks): not CI, ``make lowering-check`` (in CI the same
+    case under aot autograd, ``test_ranks_trace_the_exchange``, checks that
+    data order in the graph)."""
     from spawn import spawn_ranks
 
     spawn_ranks(2, overlap_in_output_code)
+
+
+@pytest.mark.skipif(os.environ.get("GDN_KCP_LOWERING_INDUCTOR") != "1",
+                    reason="set GDN_KCP_LOWERING_INDUCTOR=1 (make lowering-check): minutes of Inductor C++")
+def test_inductor_traces_the_layer_over_ranks():
+    """The 2-rank case of ``test_layer_traces_over_ranks`` compiled by Inductor:
+    outputs and gradients equal eager within 1e-12 (fp64), the output code
+    calls every exchange, the halo's included, in the same order, and no
+    gdn_kcp::fwd / bwd. About 4 minutes on 2 cores with an empty Inductor
+    cache: not CI (``make lowering-check``)."""
+    from spawn import spawn_ranks
+
+    spawn_ranks(2, traced_layer_ranks, "inductor")

@@ -170,10 +170,12 @@ def _(send: Tensor | None, dst: int, recv_shape: list[int], src: int, dtype: tor
     return torch.empty(recv_shape if src >= 0 else [0], dtype=dtype, device=device)
 
 
-def _register_ordered(op) -> bool:
-    """Register ``op`` as an ordered effect: ``CustomOpDef.register_effect``
-    (torch 2.13), else the older private registry; False when neither exists
-    (then KCP keeps the opaque ops under :func:`gdn_kcp.trace_host_path`)."""
+def register_ordered(op) -> bool:
+    """Register the custom op ``op`` as an ordered effect:
+    ``CustomOpDef.register_effect`` (torch 2.13), else the older private
+    registry; False when neither exists (then KCP keeps the opaque ops under
+    :func:`gdn_kcp.trace_host_path`). The layer's halo exchange
+    (:mod:`gdn_kcp.layers.halo`) registers its ops here too."""
     try:
         from torch._library.effects import EffectType
 
@@ -190,6 +192,6 @@ def _register_ordered(op) -> bool:
         return False
 
 
-ORDERED = all([_register_ordered(op) for op in (ordered_all_to_all, all_to_all_start, all_to_all_wait,
+ORDERED = all([register_ordered(op) for op in (ordered_all_to_all, all_to_all_start, all_to_all_wait,
                                                  ordered_send_recv)])
 """Whether the exchange is an ordered effect in this torch (KCP traces only then)."""

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from gdn_kcp.context import KcpContext, group_from_name
 from gdn_kcp.exchange.counting import count
+from gdn_kcp.exchange.ordered import register_ordered
 from gdn_kcp.queries.comm import halo_comm_bytes, halo_rounds  # noqa: F401  (halo_comm_bytes: re-exported)
 from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, crosses, last_real_fragment
 
@@ -71,6 +72,14 @@ def _shift_setup(ctx, inputs, output):
 
 
 halo_shift.register_autograd(_shift_backward, setup_context=_shift_setup)
+
+# Ordered effects, as the GDN exchanges (gdn_kcp.exchange.ordered): each rank traces its own graph, and a
+# shift that one rank's graph dropped, recomputed or moved across the forward / backward split would leave its
+# peers waiting. An effect is kept, runs once, stays on its side of the split and keeps its place among the
+# call's other effects (a token chains them, whatever data the graph around them has): under the traced host
+# path every rank's layer runs its halo rounds before c1 and the gradients' rounds after b2.
+register_ordered(halo_shift)
+register_ordered(halo_shift_back)
 
 
 def conv_halo(y: Tensor, ctx: KcpContext, rows: int) -> Tensor:
