@@ -78,9 +78,10 @@ fla-layer-check: $(VENV)/.test
 	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D fla-core==0.5.1 flash-linear-attention==0.5.1 \
 	einops==0.8.2 triton==3.6.0 && GDN_KCP_FLA_SITE=$$D $(PY) -m pytest -q -s tests/test_fla_layer.py
 
-# On a GPU machine only (uses the machine's torch and triton).
+# On a GPU machine only (uses the machine's torch and triton; offline, wheels from .whl/): at most 8 minutes,
+# ARGS=--quick 4 (correctness, calibration rows, capture). Writes benchmarks/out/gpu_check.{json,md}.
 gpu-check:
-	bash benchmarks/gpu_check.sh
+	bash benchmarks/gpu_check.sh $(ARGS)
 
 # Not CI: every term of the byte queries mutated in turn must fail a test (tens of minutes).
 mutate: $(VENV)/.test
