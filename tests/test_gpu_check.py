@@ -111,3 +111,18 @@ def test_nothing_under_benchmarks_imports_from_tests():
             assert not {name.split(".")[0] for name in names} & helpers, (path.name, names)
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 assert node.value != "tests", (path.name, "puts tests/ on the path")
+
+
+def test_a_cuda_graph_skip_is_reported_with_its_reason():
+    """The capture stage reads ``cudagraph_skips`` and the message Inductor logs
+    with each skip on CUDA (here one logged by hand, as Inductor logs it)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import gpu_capture
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    gpu_capture.fresh_compile_state()
+    assert gpu_capture.compile_counters()["cudagraph_skips"] == 0
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 instances)")
+    counters = gpu_capture.compile_counters()
+    assert counters["cudagraph_skips"] == 1
+    assert counters["cudagraph_skip_reasons"] == ["skipping cudagraphs due to mutated inputs (1 instances)"]
