@@ -200,8 +200,6 @@ def traced_layer_ranks(rank: int, R: int, backend: str) -> None:
     exchange hands to torch.distributed equal eager's, no opaque
     gdn_kcp::fwd / bwd is called, and every exchange, the halo's included,
     is an ordered effect, in the order of :func:`layer_effects`."""
-    from torch._inductor.utils import run_and_get_code
-
     from layer_kcp_cases import LAYER_CASES, make_layer
 
     bounds, ranges = LAYER_CASES[R][0]
@@ -225,18 +223,29 @@ def traced_layer_ranks(rank: int, R: int, backend: str) -> None:
         called = {str(n.args[1]) if str(n.target).endswith("with_effects") else str(n.target)
                   for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
     else:
-        with record_comm_bytes() as eager_bytes:
-            eager = run(fn)
-        torch._dynamo.reset()
-        with trace_host_path(), record_comm_bytes() as compiled_bytes:
-            got, codes = run_and_get_code(run, torch.compile(fn, fullgraph=True))
-        for i, (a, b) in enumerate(zip(got, eager, strict=True)):
-            assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, i, float((a - b).abs().max()))
-        assert compiled_bytes == eager_bytes, (rank, compiled_bytes, eager_bytes)
+        codes = inductor_equals_eager(fn, run, rank)
         effects = [effects_in_code(code) for code in codes]
         called = {call for code in codes for call in re.findall(r"torch\.ops\.gdn_kcp\.\w+", code)}
     assert effects == list(layer_effects(ctx, rank)), (rank, effects)
     assert not [n for n in called if "gdn_kcp.fwd" in n or "gdn_kcp.bwd" in n], (rank, called)
+
+
+def inductor_equals_eager(fn, run, rank: int) -> list[str]:
+    """``run(fn)`` eagerly and ``run`` of ``fn`` compiled by Inductor in
+    :func:`trace_host_path`: equal within 1e-12 (fp64; Inductor's fused C++
+    kernels sum in another order), the bytes :func:`record_comm_bytes` counts
+    equal too (Inductor runs the ops' bodies). Returns the output code."""
+    from torch._inductor.utils import run_and_get_code
+
+    with record_comm_bytes() as eager_bytes:
+        eager = run(fn)
+    torch._dynamo.reset()
+    with trace_host_path(), record_comm_bytes() as compiled_bytes:
+        got, codes = run_and_get_code(run, torch.compile(fn, fullgraph=True))
+    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, i, float((a - b).abs().max()))
+    assert compiled_bytes == eager_bytes, (rank, compiled_bytes, eager_bytes)
+    return codes
 
 
 def overlap_in_output_code(rank: int, R: int) -> None:
@@ -250,8 +259,6 @@ def overlap_in_output_code(rank: int, R: int) -> None:
     (made after the issue), then waits (``all_to_all_wait``). Outputs and
     gradients equal eager within 1e-12 (fp64), and the bytes counted by
     :func:`record_comm_bytes` too."""
-    from torch._inductor.utils import run_and_get_code
-
     T, H_qk, HV, K, V = 200, 1, 2, 16, 16  # every rank walks a fragment of two chunks
     ctx = build_kcp_context([0, 20, T])
     lo, hi = ctx.rank_ranges[rank]
@@ -268,14 +275,7 @@ def overlap_in_output_code(rank: int, R: int) -> None:
         w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)
         return [o.detach(), *torch.autograd.grad((o * w).sum(), leaves)]
 
-    with record_comm_bytes() as eager_bytes:
-        eager = run(gdn_kcp)
-    torch._dynamo.reset()
-    with trace_host_path(), record_comm_bytes() as compiled_bytes:
-        got, codes = run_and_get_code(run, torch.compile(gdn_kcp, fullgraph=True))
-    for i, (a, b) in enumerate(zip(got, eager, strict=True)):
-        assert torch.allclose(a, b, rtol=0, atol=1e-12), (rank, i, float((a - b).abs().max()))
-    assert compiled_bytes == eager_bytes, (rank, compiled_bytes, eager_bytes)  # Inductor runs the ops' bodies
+    codes = inductor_equals_eager(gdn_kcp, run, rank)
     backward = [code for code in codes if "all_to_all_start" in code]
     assert len(backward) == 1, (rank, len(codes))
     calls = [line.strip() for line in backward[0].splitlines() if "(" in line and "def " not in line]
