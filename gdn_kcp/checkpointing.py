@@ -252,18 +252,25 @@ def hand_over(node, tapes: tuple[str, object]) -> None:
     node.kept_tapes = tapes
 
 
-def checkpoint_policy(save: tuple[str, ...] = ("fwd",)):
+def checkpoint_policy(save: tuple[str, ...] = ("fwd", "output_boundary")):
     """A policy for selective activation checkpointing
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) over
     the package's ops: ``gdn_kcp::<name>`` for each name of ``save`` is
     ``MUST_SAVE`` (its outputs are kept, the recompute does not run it),
-    every other op ``PREFER_RECOMPUTE``. The default saves the opaque forward,
-    ``gdn_kcp::fwd``: a compiled checkpoint then recomputes the projections
-    around it but not GDN, and keeps its output and saved set (what a region
-    without checkpoint keeps of GDN). The one name is ``"fwd"``: on the traced
-    host path the programs' ops decompose into their bodies before the policy
-    sees them (``save=("walk_output",)`` changed no node of the backward
-    graph), so it has nothing of the package's to save there. Example::
+    every other op ``PREFER_RECOMPUTE``. The names:
+
+    - ``"fwd"``: the opaque forward, ``gdn_kcp::fwd``. A compiled checkpoint
+      then recomputes the projections around it but not GDN, and keeps its
+      output and saved set (what a region without checkpoint keeps of GDN).
+    - ``"output_boundary"``: o on the traced host path
+      (:func:`gdn_kcp.trace_host_path`, :mod:`gdn_kcp.ops.boundary`). The
+      policy sees every program's op there (``gdn_kcp::prep``, ``scores``,
+      ``walk_output``, ...) before it decomposes, but tags every node of its
+      decomposition alike; this op is o alone. The compiled backward then
+      replays what the light backward replays (prep, the tape walk) and not
+      the output (tests/test_checkpointing.py).
+
+    The default saves both, so one policy serves either path. Example::
 
         from functools import partial
         from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
@@ -272,7 +279,7 @@ def checkpoint_policy(save: tuple[str, ...] = ("fwd",)):
     """
     from torch.utils.checkpoint import CheckpointPolicy
 
-    names = ("fwd",)
+    names = ("fwd", "output_boundary")
     if isinstance(save, str) or not all(name in names for name in save):
         raise ValueError(f"save must be a tuple of gdn_kcp op names {names}, got {save!r}")
     saved = frozenset(save)

@@ -28,6 +28,7 @@ from gdn_kcp.workspace import WorkspaceKcp
 
 from gdn_kcp.queries.shapes import SAVED_NAMES
 
+from .boundary import in_checkpoint_region, lower_output_boundary_away, output_boundary
 from .library import backward_body, forward_body, saved_names, tapes_into_workspace  # importing registers the ops
 
 
@@ -88,6 +89,7 @@ def trace_host_path(enabled: bool = True) -> Iterator[None]:
     global TRACE_HOST_PATH
     for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
         load_programs(device_type)  # Dynamo cannot trace an import
+    lower_output_boundary_away()
     previous, TRACE_HOST_PATH = TRACE_HOST_PATH, bool(enabled)
     try:
         yield
@@ -139,6 +141,8 @@ class GdnFunction(torch.autograd.Function):
                 checkpoint.record.kept_bytes = sum(x.nbytes for x in kept if not any(x is y for y in saved))
         elif traces_host_path(meta, workspace):
             o, final_state, *saved = forward_body(*args, None, *tables, *beta_mode)
+            if torch.compiler.is_compiling() and in_checkpoint_region():  # o as one node to save (ops.boundary)
+                o = output_boundary(o)
         else:
             o, final_state, *saved = torch.ops.gdn_kcp.fwd(
                 *args, call_workspace(workspace, meta, q, v, options, "fwd"), *tables, *beta_mode)
