@@ -95,21 +95,6 @@ class Model:
         return grads
 
 
-_WARM: set = set()
-
-
-def warm_up(gdn, dtypes=(torch.float64, torch.float32, torch.bfloat16)) -> None:
-    """One plain step per dtype before any comparison in this process: the
-    first step of a process can differ from every later identical step in the
-    last bits (3 of 10 fresh processes, all 7 gradients, without any
-    checkpoint; a step of GDN alone never did), in torch's CPU matmuls around
-    GDN, so a test would compare a cold step with a warm one."""
-    for dtype in dtypes:
-        if dtype not in _WARM:
-            Model(dtype).step("core", "none", gdn)
-            _WARM.add(dtype)
-
-
 def one_rank(options: OptionsKcp, save_mode: str | None = None):
     """The FLA-style entry on the whole stream, with the keywords of ``options``."""
     cu = torch.tensor(BOUNDS)
@@ -136,7 +121,6 @@ def run_ranks(rank: int, R: int, options_list: list[OptionsKcp], regions: tuple[
     start, end = ctx.rank_ranges[rank]
     model = Model(torch.float64, heads=heads)
     x = model.x.detach()[:, start:end].clone().requires_grad_()
-    warm_up(one_rank(OptionsKcp()), (torch.float64,))
     for options in options_list:
         def gdn(q, k, v, g, beta):
             return gdn_kcp(q, k, v, g, beta, ctx, options=options)[0]
