@@ -553,3 +553,12 @@ def test_the_first_step_of_a_process_is_bitwise_the_second():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True"
+
+
+def test_the_output_boundary_op_passes_opcheck():
+    """``gdn_kcp::output_boundary``: schema, fake kernel, autograd (gradient
+    passed through) and its Dynamo and AOT tracing (torch.library.opcheck)."""
+    o = torch.randn(7, 2, 4, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.gdn_kcp.output_boundary.default, (o,))
+    (grad,) = torch.autograd.grad(torch.ops.gdn_kcp.output_boundary(o), o, torch.ones_like(o))
+    assert torch.equal(grad, torch.ones_like(o))
