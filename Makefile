@@ -28,9 +28,10 @@ $(VENV)/.test: pyproject.toml $(VENV)/.base
 demo: $(VENV)/.base
 	$(PY) -m gdn_kcp demo
 
-# Two workers, a test file each at a time (pytest-xdist): 16 minutes on 2 cores, 20 in one process.
+# Two workers, a test file each at a time (pytest-xdist), one OpenMP thread each: more threads than cores spin
+# against each other (the GPU check's dry run took 182 s beside a two-thread load, 59 s with one thread).
 test: $(VENV)/.test
-	$(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
 # The precision table (docs/testing.md): every output and gradient in fp16 and bf16 against GDN in fp64 on the
 # same rounded inputs, on FLA's test_chunk grid and ours, with the tolerances and FLA's kernels' figures (about 3 minutes).

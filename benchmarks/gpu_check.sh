@@ -26,5 +26,5 @@ cp -r kernels "$SITE/gdn_kcp/kernels"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-# gpu_check.py keeps to its own budget (450 s, --quick 225 s); this cap is the last resort.
+# gpu_check.py keeps to its own budget (450 s, --quick 230 s); this cap is the last resort.
 timeout 475 python3 benchmarks/gpu_check.py --out "$OUT" "$@"
