@@ -4,10 +4,14 @@ launches, the record of the last call and its fallbacks."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -545,12 +549,9 @@ def test_the_first_step_of_a_process_is_bitwise_the_second():
     its first multi-threaded call (one process in about 12), so the torch
     programs make one serial call at import. A fresh process each time; one
     run catches a regression only sometimes, the suite's many processes more."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
+    env = dict(os.environ, OMP_NUM_THREADS="2")  # the effect needs threads; `make test` gives each worker one
     done = subprocess.run([sys.executable, "-c", FIRST_STEP, str(Path(__file__).parent)], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True"
 
