@@ -337,8 +337,9 @@ def test_a_checkpointed_region_compiles_with_fullgraph():
     assert last_checkpoint_record() is before
 
 
-def aot_graphs():
-    """An aot_eager backend that keeps its forward and backward graphs: ``(backend, graphs)``."""
+def aot_graphs(**more):
+    """An aot_eager backend that keeps its forward and backward graphs:
+    ``(backend, graphs)``; ``more``: aot_autograd's other keywords."""
     from torch._dynamo.backends.common import aot_autograd
 
     graphs = {}
@@ -348,7 +349,7 @@ def aot_graphs():
             graphs[name] = gm
             return gm.forward
         return compiler
-    return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")), graphs
+    return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), **more), graphs
 
 
 def gdn_ops(graph) -> Counter:
@@ -390,19 +391,11 @@ def inductor_partition_graphs():
     """AOT autograd with Inductor's decompositions and partitioner, keeping
     the forward and backward graphs (what Inductor would generate code for,
     without its C++ compile): ``(backend, graphs)``."""
-    from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
 
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, inputs):
-            graphs[name] = gm
-            return gm.forward
-        return compiler
-    return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), decompositions=select_decomp_table(),
-                        partition_fn=partial(min_cut_rematerialization_partition, compiler="inductor")), graphs
+    return aot_graphs(decompositions=select_decomp_table(),
+                      partition_fn=partial(min_cut_rematerialization_partition, compiler="inductor"))
 
 
 def program_matmuls(graph) -> Counter:
