@@ -75,7 +75,8 @@ def test_traced_step_launches_every_program_and_clones_only_outputs(report):
 
 def test_inductor_plans_the_pools_within_the_queries(report):
     """Inductor's output code for the FLA-style step (Triton programs, captured,
-    not run): one launch per program, no opaque op, and the peak of the
+    not run): the programs' kernel launches (FLA_FORWARD and FLA_BACKWARD:
+    prep's norms, WY inverse and prep kernel, and so on), no opaque op, and the peak of the
     float buffers it allocates equal to the workspace queries (the forward's
     o is U's pool, which the walk with the output overwrites; the
     backward's gradients go into freed pools); the forward adds only its
