@@ -6,7 +6,6 @@ checkpointing on this torch, and the traced host path under Inductor."""
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 import types
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.utils._python_dispatch
 from gpu_common import CountCudaGraphs, Setup, capped_packings, inputs, leaves, rel_rms, synchronize, timed
+from markdown_blocks import headed_blocks
 
 from gdn_kcp import OptionsKcp, WorkspaceKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp, trace_host_path
 from gdn_kcp.host.programs import use_programs
@@ -25,22 +25,10 @@ README_BLOCK = "Compile and capture"
 
 
 def readme_block(heading: str = README_BLOCK) -> str:
-    """The first ```python block under ``heading`` in README.md (headings read
-    outside code fences only: a python comment also starts with ``#``)."""
-    current, fence, code = "", None, []
-    for line in (ROOT / "README.md").read_text().splitlines(keepends=True):
-        if fence is None:
-            match = re.match(r"^#{1,6} (.+)$", line)
-            if match:
-                current = match[1].strip()
-            elif line.startswith("```"):
-                fence, code = line[3:].strip(), []
-        elif line.startswith("```"):
-            if fence == "python" and current == heading:
-                return "".join(code)
-            fence = None
-        else:
-            code.append(line)
+    """The first ```python block under ``heading`` in README.md."""
+    for found, code in headed_blocks(ROOT / "README.md"):
+        if found == heading:
+            return code
     raise LookupError(f"README.md has no python block under {heading!r}")
 
 
@@ -139,7 +127,7 @@ def readme_capture(s: Setup) -> dict:
         return lambda: fn(*args).float().square().sum().backward()
 
     row["relative_rms_vs_eager"] = rel_rms(ns["step_fn"](*args).detach().clone(), eager(*args).detach())
-    repeats = dict(repeats=1, warmup=0) if s.dry else dict(repeats=20, warmup=3)
+    repeats = s.repeats(repeats=20, warmup=3)
     row["compiled_step_ms"] = timed(step(ns["step_fn"]), s.device, **repeats)
     row["eager_step_ms"] = timed(step(eager), s.device, **repeats)
     # one Dynamo graph each for the step and the flat entry; one CUDA graph each for the step's forward and backward
@@ -180,7 +168,7 @@ def layer_capture(s: Setup) -> dict:
             errors.append(rel_rms(compiled(x, ctx).detach(), eager))
         row = dict(compile_counters(), cuda_graphs_recorded=graphs.count, packings=steps, T=T, max_docs=max_docs,
                    worst_relative_rms_vs_eager=max(errors))
-        repeats = dict(repeats=1, warmup=0) if s.dry else dict(repeats=10, warmup=2)
+        repeats = s.repeats(repeats=10, warmup=2)
         row["compiled_step_ms"] = timed(lambda: step(compiled, contexts[-1]), s.device, **repeats)
         row["eager_step_ms"] = timed(lambda: step(forward, contexts[-1]), s.device, **repeats)
     row["one_graph"] = row["dynamo_graphs"] == 1 and (row["cuda_graphs_recorded"] or 0) <= 2
@@ -269,36 +257,52 @@ class Meter:
         return torch.cuda.memory_allocated() - self.base, torch.cuda.max_memory_allocated() - self.base
 
 
+@contextmanager
+def this_release_verified():
+    """This torch's release among ``gdn_kcp.checkpointing.VERIFIED_TORCH``
+    while the block runs (the check measures the probe whatever the release;
+    the report says whether it was verified before); yields (release, verified
+    before)."""
+    from gdn_kcp import checkpointing as probe
+
+    release, verified = probe.torch_release(), probe.VERIFIED_TORCH
+    probe.VERIFIED_TORCH = (*verified, release)
+    try:
+        yield release, release in verified
+    finally:
+        probe.VERIFIED_TORCH = verified
+
+
+def region(ctx, options: OptionsKcp, closed_by: str):
+    """A checkpointable region: GDN, closed by the call itself (``"core"``:
+    the region's last saver) or by a relu after it (``"later"``: a later saver)."""
+    def fn(*x):
+        o = gdn_kcp(*x, ctx, options=options)[0]
+        return torch.relu(o) if closed_by == "later" else o
+    return fn
+
+
 def checkpoint_memory(s: Setup, ctx) -> dict:
     """The backward peak of a checkpointed region closed by a relu (a later
     saver) with ``reuse_recompute_tapes`` True against False: kept tapes cost
     ``kept_tapes`` more; and a region the call closes, "auto" against False
     (the tapes in the backward's workspace: no more)."""
-    from gdn_kcp import checkpointing, gdn_checkpoint_bytes_kcp
+    from gdn_kcp import gdn_checkpoint_bytes_kcp
 
     H_qk, HV, K, V = s.dims
-    release, verified = checkpointing.torch_release(), checkpointing.VERIFIED_TORCH
-    checkpointing.VERIFIED_TORCH = (*verified, release)  # measured here whatever the release; said in the report
     peaks = {}
-    try:
-        for region, reuse in (("later", True), ("later", False), ("core", None), ("core", False)):
-            options = OptionsKcp(use_qk_l2norm=True, reuse_recompute_tapes=reuse)
+    with this_release_verified() as (release, verified_before):
+        for closed_by, reuse in (("later", True), ("later", False), ("core", None), ("core", False)):
             xs = leaves(s)
             do = torch.randn_like(xs[2])
-
-            def fn(*x, options=options, region=region):
-                o = gdn_kcp(*x, ctx, options=options)[0]
-                return torch.relu(o) if region == "later" else o
-
+            fn = region(ctx, OptionsKcp(use_qk_l2norm=True, reuse_recompute_tapes=reuse), closed_by)
             o = torch.utils.checkpoint.checkpoint(fn, *xs, use_reentrant=False)
             meter = Meter(s.device)
             torch.autograd.grad(o, xs, do)
-            peaks[f"{region}, reuse {reuse}"] = meter.read()[1]
+            peaks[f"{closed_by}, reuse {reuse}"] = meter.read()[1]
             del o, xs
-    finally:
-        checkpointing.VERIFIED_TORCH = verified
     query = gdn_checkpoint_bytes_kcp(ctx, H_qk, HV, K, V, dtype=s.dtype, options=OptionsKcp(use_qk_l2norm=True))
-    row = {"torch": release, "verified_before": release in verified, "backward_peaks": peaks,
+    row = {"torch": release, "verified_before": verified_before, "backward_peaks": peaks,
            "kept_tapes_query": query.kept_tapes}
     if s.cuda:
         row["later_true_minus_false"] = peaks["later, reuse True"] - peaks["later, reuse False"]
@@ -312,39 +316,30 @@ def checkpointing(results, s: Setup):
     once this passes): for a region the call closes ("core") and one a relu
     closes after it ("later"), under each ``reuse_recompute_tapes``, the
     gradients bitwise those without checkpoint, and what the probe chose."""
-    from gdn_kcp import checkpointing as probe
+    from gdn_kcp.checkpointing import last_checkpoint_record
 
     ctx = build_kcp_context(list(s.bounds), device=s.device)
     xs = [x.detach() for x in leaves(s)]
     do = torch.randn_like(xs[2])
-    release, verified = probe.torch_release(), probe.VERIFIED_TORCH
-    probe.VERIFIED_TORCH = (*verified, release)
 
-    def grads(region: str, checkpointed: bool, options: OptionsKcp) -> list[torch.Tensor]:
+    def grads(fn, checkpointed: bool) -> list[torch.Tensor]:
         grads_of = [x.clone().requires_grad_() for x in xs]
-
-        def fn(*x):
-            o = gdn_kcp(*x, ctx, options=options)[0]
-            return torch.relu(o) if region == "later" else o
-
         o = torch.utils.checkpoint.checkpoint(fn, *grads_of, use_reentrant=False) if checkpointed else fn(*grads_of)
         return list(torch.autograd.grad((o * do).sum(), grads_of))
 
     cases = {}
-    results.update(torch=release, verified_before=release in verified)
-    try:
-        for region in ("core", "later"):
+    with this_release_verified() as (release, verified_before):
+        results.update(torch=release, verified_before=verified_before)
+        for closed_by in ("core", "later"):
             for reuse in (None, True, False):
-                options = OptionsKcp(use_qk_l2norm=True, reuse_recompute_tapes=reuse)
-                plain, got = grads(region, False, options), grads(region, True, options)
-                record = probe.last_checkpoint_record()
-                cases[f"{region}, reuse {reuse}"] = dict(
+                fn = region(ctx, OptionsKcp(use_qk_l2norm=True, reuse_recompute_tapes=reuse), closed_by)
+                plain, got = grads(fn, False), grads(fn, True)
+                record = last_checkpoint_record()
+                cases[f"{closed_by}, reuse {reuse}"] = dict(
                     bitwise=all(torch.equal(a, b) for a, b in zip(plain, got)), phase=record.phase,
                     kept_tapes=record.kept_tapes, in_workspace=record.tapes_in_workspace,
                     output_skipped=record.output_skipped, reasons=record.reasons)
                 results["cases"] = cases
-    finally:
-        probe.VERIFIED_TORCH = verified
     results["pass"] = all(c["bitwise"] and c["phase"] == "recompute" for c in cases.values())
 
 
@@ -373,7 +368,7 @@ def lowering(results, s: Setup):
 
     backend = "inductor" if s.cuda else "aot_eager"
     results.update(T=T, documents=len(cu) - 1, backend=backend)
-    repeats = dict(repeats=1, warmup=0) if s.dry else dict(repeats=3, warmup=1)
+    repeats = s.repeats(repeats=3, warmup=1)
     with use_programs("cpu", "torch") if s.dry else _Null():
         eager = run(step)
         fresh_compile_state()

@@ -71,7 +71,6 @@ the others run the torch programs (the same host code, seconds not minutes)."""
 
 def run_stage(name: str, out: Path, dry: bool) -> int:
     """In the child: one stage, its results in ``out/stages/<name>.json``."""
-    sys.path.insert(0, str(HERE))
     import torch  # noqa: F401 - after TRITON_INTERPRET is set (main)
     from gpu_common import Results, Setup
 
@@ -98,8 +97,6 @@ def run_header(args) -> dict:
     holds no CUDA context)."""
     import torch
     import triton
-
-    sys.path.insert(0, str(HERE))
     from gpu_common import Setup
 
     setup = Setup.make(args.dry_run)
@@ -158,6 +155,7 @@ def main() -> None:
     parser.add_argument("--stages", default=None, help="comma-separated subset of: " + ", ".join(STAGES))
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)  # the child's one stage
     args = parser.parse_args()
+    sys.path.insert(0, str(HERE))  # the stage modules beside this file, whoever runs it
     if args.dry_run:  # before torch and triton are imported: the interpreter runs the Triton programs
         os.environ["TRITON_INTERPRET"] = "1"
     if args.stage:
@@ -180,7 +178,6 @@ def main() -> None:
         print(f"{name}: {stage['status']}, {stage.get('seconds', 0)} s", flush=True)
         report["run"]["seconds"] = round(time.perf_counter() - start, 1)
         (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
-    sys.path.insert(0, str(HERE))
     from gpu_report import markdown
 
     (args.out / "gpu_check.md").write_text(markdown(report))

@@ -32,6 +32,11 @@ class Setup:
     def T(self) -> int:
         return self.bounds[-1]
 
+    def repeats(self, **gpu) -> dict:
+        """:func:`timed`'s keywords: ``gpu`` (default its own) on the GPU, one
+        call and no warm-up on the dry run (its figures are not timings)."""
+        return dict(repeats=1, warmup=0) if self.dry else gpu
+
     def truncated(self, T: int) -> tuple[int, ...]:
         """The packing's documents cut at ``T`` tokens."""
         return tuple(b for b in self.bounds if b < T) + (T,) if T < self.T else self.bounds
@@ -144,7 +149,7 @@ def forward_backward_ms(fn, xs, do, device, dry: bool) -> tuple[dict, str]:
     they were timed."""
     if dry:
         with torch.no_grad():
-            forward = timed(fn, device, repeats=1, warmup=0)
+            forward = timed(fn, device, repeats=1, warmup=0)  # the dry run: one call, no warm-up
         both = timed(lambda: torch.autograd.grad((fn() * do).sum(), xs), device, repeats=1, warmup=0)
         return {"forward": round(forward, 3), "backward": round(both - forward, 3)}, "eager: dry run"
 

@@ -116,8 +116,9 @@ def calibration(results, s: Setup):
         paths["fla"] = fla_entry()
     except Exception as error:  # noqa: BLE001
         results["fla_error"] = f"{type(error).__name__}: {error}"
-    if flash_qla_entry() is not None:
-        paths["flash_qla"] = flash_qla_entry()
+    flash_qla = flash_qla_entry()
+    if flash_qla is not None:
+        paths["flash_qla"] = flash_qla
     published = {(m.H, m.HV, m.T, m.phase): m.ms for m in roofline.CALIBRATION}
     rows = []
     for H_qk, HV, T in sorted({(m.H, m.HV, m.T) for m in roofline.CALIBRATION}, reverse=True):
@@ -255,7 +256,7 @@ def segment_times(s: Setup, heads: tuple[int, int]) -> dict:
     plan = plan_segments(ctx, HV, K, V)
     xs = leaves(s, heads=heads)
     do = torch.randn_like(xs[2])
-    repeats = dict(repeats=1, warmup=0) if s.dry else {}
+    repeats = s.repeats()
     rows, reference = {}, None
     candidates = {1, plan, 2} if s.dry else {1, plan, 2, 4, 8}
     for P in sorted(candidates & set(range(1, segment_range(ctx) + 1))):
@@ -309,7 +310,7 @@ def decode(results, s: Setup):
         full = ours(x)[0]
     decoded, cache = prefill_and_steps(ours)
     token = x[:, T:T + 1]
-    repeats = dict(repeats=1, warmup=0) if s.dry else {}
+    repeats = s.repeats()
     with torch.no_grad():  # a step that reads the cache and leaves it, timed again and again
         step_ms = timed(lambda: ours(token, use_cache=False, past_key_values=cache)[0], s.device, **repeats)
     results.update(config=config, B=B, prompt=T, steps=steps)

@@ -4,31 +4,13 @@ python comment also starts with ``#``)."""
 
 from __future__ import annotations
 
-import re
 import sys
 import types
-from pathlib import Path
 
 from doc_tables import DOC_FILES, ROOT
 
-
-def headed_blocks(path: Path) -> list[tuple[str, str]]:
-    """``(heading, code)`` of every python block of ``path``, in order."""
-    heading, blocks, fence, code = "", [], None, []
-    for line in path.read_text().splitlines(keepends=True):
-        if fence is None:
-            match = re.match(r"^(#{1,6}) (.+)$", line)
-            if match:
-                heading = match[2].strip()
-            elif line.startswith("```"):
-                fence, code = line[3:].strip(), []
-        elif line.startswith("```"):
-            if fence == "python":
-                blocks.append((heading, "".join(code)))
-            fence = None
-        else:
-            code.append(line)
-    return blocks
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from markdown_blocks import headed_blocks  # noqa: E402 (one parser for the tests and the GPU check)
 
 
 def python_blocks(file: str, heading: str) -> list[str]:
