@@ -252,7 +252,7 @@ def hand_over(node, tapes: tuple[str, object]) -> None:
     node.kept_tapes = tapes
 
 
-def checkpoint_policy(save: tuple[str, ...] = ("fwd", "output_boundary")):
+def checkpoint_policy(save: tuple[str, ...] = ("fwd", "forward_boundary")):
     """A policy for selective activation checkpointing
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) over
     the package's ops: ``gdn_kcp::<name>`` for each name of ``save`` is
@@ -262,15 +262,18 @@ def checkpoint_policy(save: tuple[str, ...] = ("fwd", "output_boundary")):
     - ``"fwd"``: the opaque forward, ``gdn_kcp::fwd``. A compiled checkpoint
       then recomputes the projections around it but not GDN, and keeps its
       output and saved set (what a region without checkpoint keeps of GDN).
-    - ``"output_boundary"``: o on the traced host path
-      (:func:`gdn_kcp.trace_host_path`, :mod:`gdn_kcp.ops.boundary`). The
-      policy sees every program's op there (``gdn_kcp::prep``, ``scores``,
-      ``walk_output``, ...) before it decomposes, but tags every node of its
-      decomposition alike; this op is o alone. The compiled backward then
-      replays what the light backward replays (prep, the tape walk) and not
-      the output (tests/test_checkpointing.py).
+    - ``"forward_boundary"``: o, the final states and the saved layout on
+      the traced host path (:func:`gdn_kcp.trace_host_path`,
+      :mod:`gdn_kcp.ops.boundary`), as one op's outputs. The policy sees every
+      program's op there (``gdn_kcp::prep``, ``scores``, ``walk_output``, ...)
+      before it decomposes, but tags every node of its decomposition alike;
+      this op is exactly what the forward hands on. The compiled backward
+      then replays what the call's backward replays (light: prep and the tape
+      walk) and not the output.
 
-    The default saves both, so one policy serves either path. Example::
+    The default saves both, so one policy serves either path and the
+    compiled region keeps of GDN what the step without checkpoint keeps
+    (tests/test_compiled_saved.py). Example::
 
         from functools import partial
         from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
@@ -279,7 +282,7 @@ def checkpoint_policy(save: tuple[str, ...] = ("fwd", "output_boundary")):
     """
     from torch.utils.checkpoint import CheckpointPolicy
 
-    names = ("fwd", "output_boundary")
+    names = ("fwd", "forward_boundary")
     if isinstance(save, str) or not all(name in names for name in save):
         raise ValueError(f"save must be a tuple of gdn_kcp op names {names}, got {save!r}")
     saved = frozenset(save)

@@ -409,9 +409,9 @@ def program_matmuls(graph) -> Counter:
     return found
 
 
-def boundary_calls(graph) -> int:
-    return sum(node.op == "call_function" and node.target is torch.ops.gdn_kcp.output_boundary.default
-               for node in graph.graph.nodes)
+def boundary_calls(graph, name: str = "forward_boundary") -> int:
+    op = getattr(torch.ops.gdn_kcp, name).default
+    return sum(node.op == "call_function" and node.target is op for node in graph.graph.nodes)
 
 
 def test_a_traced_checkpoint_saves_o_and_recomputes_no_output_program():
@@ -420,10 +420,11 @@ def test_a_traced_checkpoint_saves_o_and_recomputes_no_output_program():
     ``checkpoint_policy()`` the backward recomputes the projections and
     replays prep and the tape walk as the light backward does, but runs
     neither scores nor the walk with the output (o is saved through
-    ``gdn_kcp::output_boundary``). Without the policy the same backward held
+    ``gdn_kcp::forward_boundary``). Without the policy the same backward held
     all 15 of the walk's matmuls and a second prep (1272 nodes against 974,
-    measured under Inductor). The boundary is in the checkpointed graph only;
-    gradients bitwise the uncheckpointed compiled step's."""
+    measured under Inductor). The forward boundary is in each forward graph,
+    the replay boundary in each backward; gradients bitwise the
+    uncheckpointed compiled step's."""
     model = Model(torch.float64)
     gdn = one_rank(OptionsKcp())
     context_fn = partial(create_selective_checkpoint_contexts, checkpoint_policy())
@@ -447,18 +448,26 @@ def test_a_traced_checkpoint_saves_o_and_recomputes_no_output_program():
     fw_mm, bw_mm = program_matmuls(fw), program_matmuls(bw)
     assert fw_mm["walk_output"] > 0 and bw_mm["walk_output"] == 0, bw_mm
     assert bw_mm["prep"] == fw_mm["prep"], bw_mm  # the light backward's replay of prep, no second one to rebuild o
-    assert (boundary_calls(fw), boundary_calls(bw), boundary_calls(found["none"][1])) == (1, 0, 0)
+    assert (boundary_calls(fw), boundary_calls(bw), boundary_calls(found["none"][1])) == (1, 0, 1)
+    assert (boundary_calls(bw, "replay_boundary"), boundary_calls(found["none"][2], "replay_boundary")) == (1, 1)
 
 
-def test_inductor_lowers_the_output_boundary_to_its_input():
-    """Inductor's output code calls no ``gdn_kcp::output_boundary`` (no copy of
-    o; a kernel's name may still list it among the ops it fused)."""
+def test_inductor_lowers_the_boundaries_to_their_inputs():
+    """Inductor's output code calls neither ``gdn_kcp::forward_boundary`` nor
+    ``replay_boundary`` (no copy; a kernel's name may still list them among
+    the ops it fused)."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
     x = torch.randn(4, 8, dtype=torch.float64)
-    with trace_host_path():  # registers the lowering
-        got, codes = run_and_get_code(torch.compile(lambda x: torch.ops.gdn_kcp.output_boundary(x.sin()) * 2), x)
+
+    def fn(x):
+        (kept,) = torch.ops.gdn_kcp.forward_boundary([x.sin()])
+        (read,) = torch.ops.gdn_kcp.replay_boundary([kept], [x])
+        return read * 2
+
+    with trace_host_path():  # registers the lowerings
+        got, codes = run_and_get_code(torch.compile(fn), x)
     assert codes and not any("torch.ops.gdn_kcp" in code for code in codes), codes
     assert torch.allclose(got, x.sin() * 2, rtol=0, atol=1e-15)
 
@@ -549,10 +558,15 @@ def test_the_first_step_of_a_process_is_bitwise_the_second():
     assert done.stdout.strip() == "True"
 
 
-def test_the_output_boundary_op_passes_opcheck():
-    """``gdn_kcp::output_boundary``: schema, fake kernel, autograd (gradient
-    passed through) and its Dynamo and AOT tracing (torch.library.opcheck)."""
+def test_the_boundary_ops_pass_opcheck():
+    """``gdn_kcp::forward_boundary`` and ``replay_boundary``: schema, fake
+    kernel, autograd (gradients passed through) and their Dynamo and AOT
+    tracing (torch.library.opcheck)."""
     o = torch.randn(7, 2, 4, dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(torch.ops.gdn_kcp.output_boundary.default, (o,))
-    (grad,) = torch.autograd.grad(torch.ops.gdn_kcp.output_boundary(o), o, torch.ones_like(o))
-    assert torch.equal(grad, torch.ones_like(o))
+    rows = torch.arange(6, dtype=torch.int32).view(2, 3)
+    after = torch.randn(3, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.gdn_kcp.forward_boundary.default, ([o, o.new_empty(0), rows],))
+    torch.library.opcheck(torch.ops.gdn_kcp.replay_boundary.default, ([o, rows], [after]))
+    for outputs in (torch.ops.gdn_kcp.forward_boundary([o]), torch.ops.gdn_kcp.replay_boundary([o], [after])):
+        (grad,) = torch.autograd.grad(outputs[0], o, torch.ones_like(o))
+        assert torch.equal(grad, torch.ones_like(o))

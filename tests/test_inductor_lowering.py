@@ -18,6 +18,7 @@ from torch._inductor.utils import run_and_get_code
 
 import gdn_kcp
 from gdn_kcp import chunk_gated_delta_rule
+from gdn_kcp.ops.boundary import BOUNDARY_OPS
 
 HEADING = "Lowering: the traced host path"
 NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
@@ -116,7 +117,7 @@ def test_gate_keywords_trace_at_every_dtype(dtype):
               randn(1, T, HV, V, dtype=dtype, seed=5), randn(1, T, HV, dtype=dtype, seed=6),
               randn(1, T, HV, dtype=dtype, seed=7)]
     eager, compiled, ops = traced_aot_eager(fn, inputs)
-    assert not ops
+    assert {op.split(".")[1] for op in ops} <= BOUNDARY_OPS, ops  # identities that run no program
     for i, (a, b) in enumerate(zip(compiled, eager, strict=True)):
         assert torch.equal(a, b), (dtype, i, float((a.double() - b.double()).abs().max()))
 
@@ -132,7 +133,8 @@ def test_layer_traces():
                           conv_bias=True).double()
     eager, compiled, ops = traced_aot_eager(lambda x: layer(x, cu_seqlens=CU_CAPPED)[0],
                                             [randn(1, 70, 32, seed=8)], list(layer.parameters()))
-    assert ops and all("short_conv" in op for op in ops), ops  # the convolution stays its own op, GDN is traced
+    programs = [op for op in ops if op.split(".")[1] not in BOUNDARY_OPS]
+    assert programs and all("short_conv" in op for op in programs), ops  # the convolution stays its own op
     for i, (a, b) in enumerate(zip(compiled, eager, strict=True)):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), (i, float((a - b).abs().max()))
 

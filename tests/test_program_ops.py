@@ -127,8 +127,8 @@ def test_dynamo_graph_holds_the_programs_as_ops():
                      for gm in graphs for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
                      for node in module.graph.nodes if str(node.target).startswith("gdn_kcp."))
     assert called == Counter({"prep": 2, "scores": 1, "walk_output": 1, "tape_walk": 1, "bwd_local_dv": 1,
-                              "adjoint_walk": 1,
-                              "bwd_dqkwg": 1, "bwd_wy": 1, "bwd_gate_cumsum": 1, "bwd_qk_norm": 1}), called
+                              "adjoint_walk": 1, "bwd_dqkwg": 1, "bwd_wy": 1, "bwd_gate_cumsum": 1, "bwd_qk_norm": 1,
+                              "forward_boundary": 1, "replay_boundary": 1}), called  # ops.boundary
 
 
 def test_export_keeps_the_program_ops_and_round_trips():

@@ -28,7 +28,7 @@ from gdn_kcp.workspace import WorkspaceKcp
 
 from gdn_kcp.queries.shapes import SAVED_NAMES
 
-from .boundary import in_checkpoint_region, lower_output_boundary_away, output_boundary
+from .boundary import forward_boundary, lower_boundaries_away, replay_boundary
 from .library import backward_body, forward_body, saved_names, tapes_into_workspace  # importing registers the ops
 
 
@@ -81,6 +81,16 @@ def trace_host_path(enabled: bool = True) -> Iterator[None]:
     inside the block run the traced graph (its backward traced with it), a
     call outside compiles or reuses the opaque one.
 
+    A compiled forward in the block hands its backward the inputs, the index
+    tables and the saved layout (``gdn_saved_layout_kcp``), no more: the saved
+    set and the backward's reads pass through opaque boundaries
+    (:mod:`gdn_kcp.ops.boundary`), and AOT autograd's joint-graph CSE is off
+    for the graphs compiled in the block (``torch._functorch.config.cse``),
+    since it merges the backward's constants (zeros, masks) with the
+    forward's and the partitioner then keeps them. The rest of a model
+    compiled in the block loses that CSE pass too; Inductor's own fusion and
+    its kernels' CSE are unaffected.
+
     Example::
 
         with gdn_kcp.trace_host_path():
@@ -89,12 +99,26 @@ def trace_host_path(enabled: bool = True) -> Iterator[None]:
     global TRACE_HOST_PATH
     for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
         load_programs(device_type)  # Dynamo cannot trace an import
-    lower_output_boundary_away()
+    lower_boundaries_away()
     previous, TRACE_HOST_PATH = TRACE_HOST_PATH, bool(enabled)
     try:
-        yield
+        with joint_cse_off() if enabled else contextlib.nullcontext():
+            yield
     finally:
         TRACE_HOST_PATH = previous
+
+
+def joint_cse_off() -> contextlib.AbstractContextManager:
+    """AOT autograd's joint-graph CSE off (read when a graph is partitioned,
+    which happens when it compiles). With it on, the light backward's own
+    zeros and masks (``aten.full``, ``iota`` chains: no input, so equal to the
+    forward's) are merged into the forward's, and Inductor's partitioner keeps
+    the merged ones as activations because the backward materialises them:
+    353,280 B at the shape of :mod:`gdn_kcp.ops.boundary`, A's zeroed blocks
+    the largest (327,680), where the saved layout says 0."""
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(cse=False)
 
 
 def traces_host_path(meta: tuple, workspace) -> bool:
@@ -141,8 +165,9 @@ class GdnFunction(torch.autograd.Function):
                 checkpoint.record.kept_bytes = sum(x.nbytes for x in kept if not any(x is y for y in saved))
         elif traces_host_path(meta, workspace):
             o, final_state, *saved = forward_body(*args, None, *tables, *beta_mode)
-            if torch.compiler.is_compiling() and in_checkpoint_region():  # o as one node to save (ops.boundary)
-                o = output_boundary(o)
+            if torch.compiler.is_compiling() and any(ctx.needs_input_grad):  # o, the final states and the saved
+                # layout as one node (ops.boundary); an export or a no-grad graph has no backward to hand them to
+                o, final_state, *saved = forward_boundary([o, final_state, *saved])
         else:
             o, final_state, *saved = torch.ops.gdn_kcp.fwd(
                 *args, call_workspace(workspace, meta, q, v, options, "fwd"), *tables, *beta_mode)
@@ -173,9 +198,14 @@ class GdnFunction(torch.autograd.Function):
                 workspace = None
         needs_d_initial = initial_state is not None and ctx.needs_input_grad[5]
         do, d_final_state = do.contiguous(), d_final_state.contiguous() if n_final_states else None
+        traced = traces_host_path(meta, workspace)
+        if traced and torch.compiler.is_compiling():  # replay from the gradients on, never the forward's nodes
+            after = [x for x in (do, d_final_state) if x is not None]  # (ops.boundary)
+            q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved = through_boundary(
+                [q, k, v, g, beta, initial_state, gate_params, chunk_table, frag_table, *saved], after)
         tables = (chunk_table, frag_table, list(meta), group_name, options, scale, needs_d_initial, gate_params,
                   *beta_mode)
-        if traces_host_path(meta, workspace):
+        if traced:
             dq, dk, dv, dg, dbeta, d_initial, d_gate = backward_body(
                 do, d_final_state, q, k, v, g, beta, initial_state, saved, None, *tables)
         else:
@@ -185,6 +215,16 @@ class GdnFunction(torch.autograd.Function):
         return (dq, dk, dv, dg, dbeta, d_initial if needs_d_initial else None,
                 None, None, None, None, None, None, None, None, d_gate if gate_params is not None else None, None,
                 None)
+
+
+def through_boundary(tensors: list, after: list) -> list:
+    """``tensors`` through ``gdn_kcp::replay_boundary`` (one op over those
+    that are not None), None left as it is."""
+    picked = [i for i, x in enumerate(tensors) if x is not None]
+    out = list(tensors)
+    for i, x in zip(picked, replay_boundary([tensors[i] for i in picked], after)):
+        out[i] = x
+    return out
 
 
 def split_saved(tensors: list, meta: tuple, q, v, options: str) -> list:

@@ -147,11 +147,15 @@ def _written_inputs(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _graph_facts(kind: str, gm: torch.fx.GraphModule) -> dict:
-    """Launches, gdn_kcp ops still called, and inputs a launch writes."""
+    """Launches, gdn_kcp ops still called (but the boundaries, identities that
+    run no program), and inputs a launch writes."""
+    from gdn_kcp.ops.boundary import BOUNDARY_OPS
+
     return {
         "graph": kind,
         "launches": _launches(gm),
-        "gdn_kcp_ops": sorted({str(n.target) for n in gm.graph.nodes if "gdn_kcp" in str(n.target)}),
+        "gdn_kcp_ops": sorted({str(n.target) for n in gm.graph.nodes if "gdn_kcp" in str(n.target)
+                               and str(n.target).split(".")[1] not in BOUNDARY_OPS}),
         "written_inputs": _written_inputs(gm),
     }
 
@@ -396,7 +400,10 @@ def _bf16_leaves(T: int, H_qk: int, HV: int, K: int, V: int):
 
 
 def _ops(code: str) -> list[str]:
-    return sorted(set(re.findall(r"torch\.ops\.gdn_kcp\.\w+", code)))
+    """The gdn_kcp ops ``code`` calls, but the boundaries (identities that Inductor lowers away)."""
+    from gdn_kcp.ops.boundary import BOUNDARY_OPS
+
+    return sorted({op for op in re.findall(r"torch\.ops\.gdn_kcp\.\w+", code) if op.split(".")[-1] not in BOUNDARY_OPS})
 
 
 def inductor_plan(T: int = 256, H_qk: int = 1, HV: int = 2, K: int = 64, V: int = 64) -> dict:
@@ -469,6 +476,8 @@ def kcp_inductor_plans(T: int = 512, H_qk: int = 1, HV: int = 2, K: int = 64, V:
                 rows.append({
                     "case": f"{exchange} R={R} {more}", "rank": rank,
                     "planned_peak": [planned_peak(code) for code in codes],
+                    "float_peak": [planned_peak(code, ("float",)) for code in codes],
+                    "int_peak": [planned_peak(code, ("int",)) for code in codes],
                     "gdn_kcp_ops": [_ops(code) for code in codes],
                     "workspace": [gdn_workspace_bytes_kcp(ctx, H_qk, HV, K, V, call=call, **queries)
                                   for call in ("fwd", "bwd")],
