@@ -18,6 +18,7 @@ import torch
 
 from checkpoint_cases import BOUNDS
 from compiled_saved_cases import Step, check_step, graph_programs, index_tables, one_rank, run_ranks, saved_query
+from doc_tables import table_rows
 from gdn_kcp import OptionsKcp
 from gdn_kcp.context.builders import capped_context
 from gdn_kcp.context.sms import device_sms
@@ -38,10 +39,13 @@ def test_one_rank_keeps_the_saved_layout(save_mode, form):
     checkpointed with ``checkpoint_policy()``. The index tables the call
     builds from ``cu_seqlens`` are kept besides the saved layout (their bytes
     are named in docs/bytes.md, not counted by the query); in the
-    checkpointed region they are rebuilt."""
+    checkpointed region they are rebuilt. The figures are docs/compile.md's
+    table's row."""
     options, ctx = OptionsKcp(save_mode=save_mode, use_qk_l2norm=True), fla_context()
     tables = index_tables(ctx) if form == "none" else Counter()  # the checkpoint rebuilds them from cu_seqlens
-    check_step(Step(one_rank(save_mode), form), saved_query(ctx, options), f"{save_mode}, {form}", tables)
+    found = check_step(Step(one_rank(save_mode), form), saved_query(ctx, options), f"{save_mode}, {form}", tables)
+    row = [r for r in table_rows("compiled-saved") if r[:2] == [save_mode, form]]
+    assert row == [[save_mode, form, *(f"{found[key]:,}" for key in ("query", "gdn_opaque", "gdn_traced"))]], row
 
 
 @pytest.mark.parametrize("save_mode", SAVE_MODES)
