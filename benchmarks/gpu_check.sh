@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, offline, on the machine's torch and triton: every stage of
 # benchmarks/gpu_check.py in a process of its own under its own cap (the whole
-# run at most 8 minutes; --quick: correctness, the calibration rows and the
+# run at most 9 minutes; --quick: correctness, the calibration rows and the
 # capture in 4). Results go to $OUT (default benchmarks/out): gpu_check.json
 # and gpu_check.md, and stages/<stage>.log.
 #
@@ -27,4 +27,4 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 # gpu_check.py keeps to its own budget (450 s, --quick 230 s); this cap is the last resort.
-timeout 475 python3 benchmarks/gpu_check.py --out "$OUT" "$@"
+timeout 535 python3 benchmarks/gpu_check.py --out "$OUT" "$@"

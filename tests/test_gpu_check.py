@@ -68,6 +68,7 @@ def test_the_dry_run_writes_every_stage_keys_and_passes_what_it_can_judge(dry_ru
     for name in ("programs", "forward_backward", "checkpointing", "lowering"):
         assert results[name]["pass"] is True, (name, results[name])
     assert all(row["pass"] for row in results["memory"]["save_modes"].values()), results["memory"]
+    assert [row["pass"] for row in results["memory"]["traced"].values()] == [None], results["memory"]  # CPU: no device bytes
     capture = results["capture"]
     assert capture["readme"]["one_graph"] and capture["layer_traced"]["one_graph"], capture
     assert capture["readme"]["relative_rms_vs_eager"] == 0 and capture["layer_traced"]["worst_relative_rms_vs_eager"] < 1e-2
