@@ -222,36 +222,32 @@ def memory(results, s: Setup):
 
 def traced_memory(s: Setup, ctx) -> dict:
     """The traced host path (``gdn_kcp.trace_host_path``) under
-    ``torch.compile`` (Inductor on CUDA, aot_eager in the dry run), in light
-    mode (the one whose promise, nothing saved, the partitioner broke hardest:
-    one Inductor compile of the traced forward and backward, about as long as
-    the lowering stage's): the device memory the compiled forward leaves allocated against o
-    plus the saved layout (``gdn_saved_layout_kcp``, each rounded as the
-    allocator does). Equal means Inductor's real kernels and buffers keep what
-    the mode promises (tests/test_compiled_saved.py shows it for the graphs
-    on the CPU); off CUDA the figures and the verdict are None."""
+    ``torch.compile`` (Inductor on CUDA, aot_eager in the dry run) in light
+    mode, whose promise (nothing saved) the partitioner broke hardest; one
+    Inductor compile of the traced forward and backward, about as long as
+    the lowering stage's. The device memory the compiled forward leaves
+    allocated against o plus the saved layout (``gdn_saved_layout_kcp``, each
+    rounded as the allocator does): equal means Inductor's real kernels and
+    buffers keep what the mode promises (tests/test_compiled_saved.py shows it
+    for the graphs on the CPU). Off CUDA the figures and the verdict are None."""
     from gdn_kcp import gdn_saved_layout_kcp
 
     H_qk, HV, K, V = s.dims
     backend = "inductor" if s.cuda else "aot_eager"
-    rows = {}
-    for mode in ("light",):
-        options = OptionsKcp(use_qk_l2norm=True, save_mode=mode)
-        saved = gdn_saved_layout_kcp(ctx, H_qk, HV, K, V, dtype=s.dtype, options=options)
-        step = torch.compile(lambda *x: gdn_kcp(*x, ctx, options=options)[0], fullgraph=True, backend=backend)
-        xs = leaves(s)
-        fresh_compile_state()
-        with trace_host_path():
-            step(*xs).sum().backward()  # compiles both graphs; nothing of it stays allocated
-            meter = Meter(s.device)
-            o = step(*xs)
-            held, _ = meter.read()
-            o.sum().backward()
-        expected = rounded(o.nbytes) + sum(rounded(spec.nbytes) for spec in saved.values())
-        rows[mode] = {"backend": backend, "held_after_forward": held, "held_expected": expected,
-                      "pass": held == expected if s.cuda else None}
-        del o, xs
-    return rows
+    options = OptionsKcp(use_qk_l2norm=True, save_mode="light")
+    saved = gdn_saved_layout_kcp(ctx, H_qk, HV, K, V, dtype=s.dtype, options=options)
+    step = torch.compile(lambda *x: gdn_kcp(*x, ctx, options=options)[0], fullgraph=True, backend=backend)
+    xs = leaves(s)
+    fresh_compile_state()
+    with trace_host_path():
+        step(*xs).sum().backward()  # compiles both graphs; nothing of it stays allocated
+        meter = Meter(s.device)
+        o = step(*xs)
+        held, _ = meter.read()
+        o.sum().backward()
+    expected = rounded(o.nbytes) + sum(rounded(spec.nbytes) for spec in saved.values())
+    return {"light": {"backend": backend, "held_after_forward": held, "held_expected": expected,
+                      "pass": held == expected if s.cuda else None}}
 
 
 def rounded(nbytes: int) -> int:

@@ -147,15 +147,11 @@ def _written_inputs(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _graph_facts(kind: str, gm: torch.fx.GraphModule) -> dict:
-    """Launches, gdn_kcp ops still called (but the boundaries, identities that
-    run no program), and inputs a launch writes."""
-    from gdn_kcp.ops.boundary import BOUNDARY_OPS
-
+    """Launches, gdn_kcp ops still called (but the boundaries), and inputs a launch writes."""
     return {
         "graph": kind,
         "launches": _launches(gm),
-        "gdn_kcp_ops": sorted({str(n.target) for n in gm.graph.nodes if "gdn_kcp" in str(n.target)
-                               and str(n.target).split(".")[1] not in BOUNDARY_OPS}),
+        "gdn_kcp_ops": program_ops(str(n.target) for n in gm.graph.nodes),
         "written_inputs": _written_inputs(gm),
     }
 
@@ -399,11 +395,31 @@ def _bf16_leaves(T: int, H_qk: int, HV: int, K: int, V: int):
             torch.randn(1, T, HV, **leaf), torch.randn(1, T, HV, **leaf))
 
 
-def _ops(code: str) -> list[str]:
-    """The gdn_kcp ops ``code`` calls, but the boundaries (identities that Inductor lowers away)."""
+def peaks(codes: list[str]) -> dict:
+    """:func:`planned_peak` of each graph's code: all its buffers, its float
+    ones and its int ones."""
+    return {"planned_peak": [planned_peak(code) for code in codes],
+            "float_peak": [planned_peak(code, ("float",)) for code in codes],
+            "int_peak": [planned_peak(code, ("int",)) for code in codes]}
+
+
+def program_ops(names) -> list[str]:
+    """Of the ``gdn_kcp`` op names in ``names`` (graph targets such as
+    ``gdn_kcp.fwd.default`` or ``torch.ops.gdn_kcp.fwd`` in output code),
+    those that are not boundaries (identities that run no program), sorted."""
     from gdn_kcp.ops.boundary import BOUNDARY_OPS
 
-    return sorted({op for op in re.findall(r"torch\.ops\.gdn_kcp\.\w+", code) if op.split(".")[-1] not in BOUNDARY_OPS})
+    found = set()
+    for name in names:
+        match = re.search(r"gdn_kcp\.(\w+)", name)
+        if match and match.group(1) not in BOUNDARY_OPS:
+            found.add(name)
+    return sorted(found)
+
+
+def _ops(code: str) -> list[str]:
+    """The gdn_kcp ops ``code`` calls, but the boundaries."""
+    return program_ops(re.findall(r"torch\.ops\.gdn_kcp\.\w+", code))
 
 
 def inductor_plan(T: int = 256, H_qk: int = 1, HV: int = 2, K: int = 64, V: int = 64) -> dict:
@@ -429,9 +445,7 @@ def inductor_plan(T: int = 256, H_qk: int = 1, HV: int = 2, K: int = 64, V: int 
     return {
         "launches": [code.count(".run(") for code in codes],
         "gdn_kcp_ops": [_ops(code) for code in codes],
-        "planned_peak": [planned_peak(code) for code in codes],
-        "float_peak": [planned_peak(code, ("float",)) for code in codes],
-        "int_peak": [planned_peak(code, ("int",)) for code in codes],
+        **peaks(codes),
         "workspace": [workspace["fwd"], workspace["bwd"]],
         "o_bytes": T * HV * V * 2,
         "grad_bytes": (2 * T * H_qk * K + T * HV * V + 2 * T * HV) * 2,
@@ -475,9 +489,7 @@ def kcp_inductor_plans(T: int = 512, H_qk: int = 1, HV: int = 2, K: int = 64, V:
                 queries = dict(dtype=torch.bfloat16, options=options)
                 rows.append({
                     "case": f"{exchange} R={R} {more}", "rank": rank,
-                    "planned_peak": [planned_peak(code) for code in codes],
-                    "float_peak": [planned_peak(code, ("float",)) for code in codes],
-                    "int_peak": [planned_peak(code, ("int",)) for code in codes],
+                    **peaks(codes),
                     "gdn_kcp_ops": [_ops(code) for code in codes],
                     "workspace": [gdn_workspace_bytes_kcp(ctx, H_qk, HV, K, V, call=call, **queries)
                                   for call in ("fwd", "bwd")],
