@@ -14,6 +14,7 @@ BOUNDARY_MODES = ("saved", "replay")
 GRAPH_MODES = ("off", "replay")
 REUSE_RECOMPUTE_TAPES = ("auto", True, False)
 RECOMPUTE_OUTPUTS = ("auto", "always")
+GATES = ("head", "channel")
 
 
 def _check_choice(name: str, value: object, choices: tuple) -> None:
@@ -90,6 +91,10 @@ class OptionsKcp:
     recompute_output: ``"auto"`` (default): when the call is the region's
         last saver, torch's recompute launches no output program (torch
         discards that output); ``"always"``: it launches it.
+    gate: ``"head"`` (GDN: one log decay per token and value head, g
+        ``[T, HV]``) or ``"channel"`` (KDA: one per key channel, g
+        ``[T, HV, K]``; the KDA entries and ``kda_*`` queries set it). The
+        byte queries read it: the gate-cumsum gradient pool is ``[T, HV, K]``.
 
     Example: ``gdn_kcp(q, k, v, g, beta, ctx, options=OptionsKcp(save_mode="full"))``.
     """
@@ -108,6 +113,7 @@ class OptionsKcp:
     conv_size: int = 4
     reuse_recompute_tapes: bool | str | None = None
     recompute_output: str = "auto"
+    gate: str = "head"
 
     def __post_init__(self) -> None:
         _check_bool("deterministic", self.deterministic)
@@ -133,6 +139,7 @@ class OptionsKcp:
             raise ValueError(f"OptionsKcp.reuse_recompute_tapes must be one of (None, 'auto', True, False), "
                              f"got {self.reuse_recompute_tapes!r}")
         _check_choice("recompute_output", self.recompute_output, RECOMPUTE_OUTPUTS)
+        _check_choice("gate", self.gate, GATES)
         if self.graph == "replay" and self.reuse_recompute_tapes in ("auto", True):
             raise ValueError(
                 f"OptionsKcp.reuse_recompute_tapes={self.reuse_recompute_tapes!r} hands the backward tensors the "
@@ -235,7 +242,7 @@ def overlaps_b2(options: OptionsKcp) -> bool:
 
 OPTION_NAMES = (
     "deterministic", "save_mode", "boundary_mode", "save_transfer", "save_for_backward", "graph", "exchange",
-    "schedule", "segments", "use_qk_l2norm", "with_conv", "conv_size",
+    "schedule", "segments", "use_qk_l2norm", "with_conv", "conv_size", "gate",
 )
 
 

@@ -144,7 +144,7 @@ def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
         "dq_heads": (T, HV, K),
         "dk_heads": (T, HV, K),
         "dw": (T, HV, K),
-        "dgcum": (T, HV),
+        "dgcum": (T, HV, K) if d.options.gate == "channel" else (T, HV),
         # staging: [S_loc | M] of the crossing-out fragment, nu of the crossing-in one
         "summary": (d.n_out, HV, K, V + d.mid * K),
         "nu": (d.n_in, HV, K, V),

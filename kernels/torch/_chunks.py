@@ -16,6 +16,7 @@ import torch
 from ..chunk_index import CHUNK_SIZE, ChunkIndex
 from ..precision import mm
 from ..tracing import traced
+from ._channel import channel_blocks, channel_scores
 
 L2NORM_EPS = 1e-6
 """``x / sqrt(sum(x^2) + eps)``: the same eps as FLA's l2norm, so results agree."""
@@ -124,25 +125,47 @@ def load_qk(
 class ChunkGates(NamedTuple):
     """Log decays of a chunk, each summed over exactly the gates it spans, so a
     hard reset (``g = -inf``) gives an exact zero decay and no ``-inf - -inf``,
-    and a strong gate (``g = -1e4``) never cancels against a later one in fp32."""
+    and a strong gate (``g = -1e4``) never cancels against a later one in fp32.
+    A gate per value head (GDN) has the shapes below; a gate per key channel
+    (KDA, DESIGN.md §2b) has a trailing ``K`` on each (``[NC, H, C, K]``)."""
 
     g: torch.Tensor  # [NC, H, C] per-token gate, padded rows 0
     cum: torch.Tensor  # [NC, H, C] G_i = sum_{l <= i} g_l; padded rows hold G_C, so exp(cum[..., -1]) = gamma_C
     tail: torch.Tensor  # [NC, H, C] sum_{l > i} g_l: log of gamma_C / gamma_i
 
+    @property
+    def per_channel(self) -> bool:
+        return self.g.dim() == 4
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-row factor of these gates' shape (``[NC, H, C]`` or ``[NC, H, C, K]``)
+        ready to scale rows ``[NC, H, C, K]``."""
+        return x if self.per_channel else x[..., None]
+
+    @property
+    def last(self) -> torch.Tensor:
+        """``G_C``, the log of the chunk's whole decay: ``[NC, H]`` (``[NC, H, K]`` per channel)."""
+        return self.cum[..., -1, :] if self.per_channel else self.cum[..., -1]
+
 
 def chunk_gates(g: torch.Tensor, rows: ChunkRows, dtype: torch.dtype,
                 gate_params: torch.Tensor | None = None) -> ChunkGates:
-    """Gates ``[T, H]`` -> the chunk's prefix and suffix sums (``[NC, H, C]``).
-    With ``gate_params`` ``[2, H]`` g is the raw input a and the gate is
+    """Gates ``[T, H]`` (or per channel ``[T, H, K]``) -> the chunk's prefix and
+    suffix sums (``[NC, H, C]``, or ``[NC, H, C, K]``). With ``gate_params``
+    ``[2, H]`` (per channel ``[2, H, K]``) g is the raw input a and the gate is
     ``gate_params[0] * softplus(a + gate_params[1])``, computed per chunk (padded rows 0)."""
-    gc = scalars_to_chunks(g, rows, dtype)
+    per_channel = g.dim() == 3
+    gc = to_chunks(g, rows, dtype) if per_channel else scalars_to_chunks(g, rows, dtype)
     if gate_params is not None:
-        rate, bias = (x.to(dtype)[None, :, None] for x in gate_params)
-        gc = torch.where(rows.valid[:, None, :], rate * torch.nn.functional.softplus(gc + bias),
+        rate, bias = (x.to(dtype)[None, :, None, :] if per_channel else x.to(dtype)[None, :, None]
+                      for x in gate_params)
+        valid = rows.valid[:, None, :, None] if per_channel else rows.valid[:, None, :]
+        gc = torch.where(valid, rate * torch.nn.functional.softplus(gc + bias),
                          torch.zeros((), dtype=dtype, device=gc.device))
-    tail = torch.nn.functional.pad(gc[..., 1:].flip(-1).cumsum(-1).flip(-1), (0, 1))
-    return ChunkGates(gc, gc.cumsum(-1), tail)
+    axis = -2 if per_channel else -1
+    tail = gc.narrow(axis, 1, gc.shape[axis] - 1).flip(axis).cumsum(axis).flip(axis)
+    tail = torch.nn.functional.pad(tail, (0, 0, 0, 1) if per_channel else (0, 1))
+    return ChunkGates(gc, gc.cumsum(axis), tail)
 
 
 def _segments(gates: ChunkGates, strict: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,11 +185,20 @@ def causal_decay(gates: ChunkGates, strict: bool = False) -> torch.Tensor:
     return torch.where(keep, torch.exp(segment), torch.zeros((), dtype=segment.dtype, device=segment.device))
 
 
+def causal_mask(C: int, strict: bool, device: torch.device) -> torch.Tensor:
+    """``[C, C]``: ``i >= j`` (``i > j`` when strict)."""
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
 def causal_scores(a: torch.Tensor, b: torch.Tensor, gates: ChunkGates, strict: bool = False,
                   mode: str = "ieee") -> torch.Tensor:
     """``(A B^T) * exp(G_i - G_j)`` on the causal part, zero above it. The mask
     is a select, so a non-finite row of A or B (or gate) at token t reaches no
-    row ``i < t``."""
+    row ``i < t``. Per-channel gates: ``sum_d a_id b_jd exp(G_id - G_jd)``,
+    through the anchored blocks of :mod:`._channel` (no exponent above 0)."""
+    if gates.per_channel:
+        keep = causal_mask(a.shape[-2], strict, a.device)
+        return channel_scores(a, b, channel_blocks(gates.g), keep, mode)
     segment, keep = _segments(gates, strict)
     scores = mm(a, b.mT, mode) * torch.exp(segment)
     return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))

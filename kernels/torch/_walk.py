@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..precision import matmul_mode, mm, pull, pull_mode
+from ..precision import matmul_mode, mm, pull, pull_mode, round_operands
 from ._chunks import ChunkRows, chunk_gates, load_qk, scalars_to_chunks, to_chunks
 
 
@@ -18,11 +18,13 @@ class WalkOperands(NamedTuple):
     ``[NC, HV, C]``, ``gamma_last = gamma_C`` ``[NC, HV]``. The steps put the
     decay ``k_scale`` (at most 1) on the value side of their K products,
     ``K^T diag(k_scale) V`` and ``diag(k_scale) (K dS)``, as the Triton walks
-    do (no decayed copy of K)."""
+    do (no decayed copy of K). Per-channel gates (KDA) cannot go on the value
+    side: there ``k`` is the decayed ``K * exp(G_C - G)`` (every exponent <= 0),
+    ``k_scale`` is None and ``gamma_last`` is ``[NC, HV, K]``, a row scale of the state."""
 
     w: torch.Tensor
     k: torch.Tensor
-    k_scale: torch.Tensor
+    k_scale: torch.Tensor | None
     gamma_last: torch.Tensor
     mode: str  # the precision rule of the products (kernels.precision)
 
@@ -34,8 +36,12 @@ def walk_operands(
     """The walk's per-chunk operands; products under the rule of k's dtype."""
     HV = w.shape[1]
     gates = chunk_gates(g, rows, dtype, gate_params)
-    return WalkOperands(to_chunks(w, rows, dtype), load_qk(k, k_rstd, rows, dtype, HV), torch.exp(gates.tail),
-                        torch.exp(gates.cum[..., -1]), matmul_mode(k.dtype))
+    kc = load_qk(k, k_rstd, rows, dtype, HV)
+    gamma_last = torch.exp(gates.last)
+    if gates.per_channel:
+        return WalkOperands(to_chunks(w, rows, dtype), kc * torch.exp(gates.tail), None, gamma_last,
+                            matmul_mode(k.dtype))
+    return WalkOperands(to_chunks(w, rows, dtype), kc, torch.exp(gates.tail), gamma_last, matmul_mode(k.dtype))
 
 
 def forward_steps(index) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -47,11 +53,17 @@ def forward_steps(index) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield index.frag_n_chunks > j, (index.frag_first_chunk.long() + j).clamp(max=last_chunk)
 
 
+def decay_state(gamma_last: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """``gamma_C S`` for states ``[F, HV, K, X]``: a scalar per head, or per key row (KDA)."""
+    return (gamma_last[..., None] if gamma_last.dim() == 3 else gamma_last[..., None, None]) * S
+
+
 def state_step(ops: WalkOperands, u: torch.Tensor, c: torch.Tensor, S: torch.Tensor):
     """Chunks ``c`` ``[F]`` from start states ``S`` ``[F, HV, K, V]`` (u in chunk
     layout): returns ``(v_new, S_end)``."""
     vn = u[c] - mm(ops.w[c], S, ops.mode)
-    return vn, ops.gamma_last[c][..., None, None] * S + mm(ops.k[c].mT, ops.k_scale[c][..., None] * vn, ops.mode)
+    decayed_vn = vn if ops.k_scale is None else ops.k_scale[c][..., None] * vn
+    return vn, decay_state(ops.gamma_last[c], S) + mm(ops.k[c].mT, decayed_vn, ops.mode)
 
 
 def adjoint_step(
@@ -60,8 +72,9 @@ def adjoint_step(
     """Chunks ``c`` ``[F]`` from end adjoints ``dS`` ``[F, HV, K, V]``; ``q_decayed_do``
     is ``scale (diag(gamma) Q)^T dO`` per chunk ``[NC, HV, K, V]``. Returns
     ``(dv_new, dS_start)``."""
-    dvn = dv_local[c] + ops.k_scale[c][..., None] * mm(ops.k[c], dS, ops.mode)
-    return dvn, ops.gamma_last[c][..., None, None] * dS + q_decayed_do[c] - mm(ops.w[c].mT, dvn, ops.mode)
+    pulled = mm(ops.k[c], dS, ops.mode)
+    dvn = dv_local[c] + (pulled if ops.k_scale is None else ops.k_scale[c][..., None] * pulled)
+    return dvn, decay_state(ops.gamma_last[c], dS) + q_decayed_do[c] - mm(ops.w[c].mT, dvn, ops.mode)
 
 
 def q_decayed_do(
@@ -71,10 +84,15 @@ def q_decayed_do(
     """``scale (diag(gamma) Q)^T dO`` per chunk, ``[NC, HV, K, V]``: the output's
     pull on the chunk's start state. The decay, the scale and q's reciprocal
     norm go on dO (no decayed copy of Q; the raw q is exact in its dtype), the
-    product runs under :func:`gdn_kcp.kernels.precision.pull_mode`."""
+    product runs under :func:`gdn_kcp.kernels.precision.pull_mode`. A per-channel
+    decay (KDA) goes on Q instead, read as the tensor cores read an operand."""
     HV = do.shape[1]
-    factor = scale * torch.exp(chunk_gates(g, rows, dtype, gate_params).cum)
+    gates = chunk_gates(g, rows, dtype, gate_params)
+    factor = gates.cum.new_full(gates.cum.shape[:-1], scale) if gates.per_channel else scale * torch.exp(gates.cum)
     if q_rstd is not None:
         factor = factor * scalars_to_chunks(q_rstd, rows, dtype).repeat_interleave(HV // q.shape[1], dim=1)
     qc = load_qk(q, None, rows, dtype, HV)
-    return pull(qc.mT, factor[..., None] * to_chunks(do, rows, dtype), pull_mode(matmul_mode(q.dtype)))
+    mode = matmul_mode(q.dtype)
+    if gates.per_channel:
+        qc, = round_operands(mode, qc * torch.exp(gates.cum))
+    return pull(qc.mT, factor[..., None] * to_chunks(do, rows, dtype), pull_mode(mode))

@@ -25,7 +25,8 @@ import torch
 
 from ..chunk_index import ChunkIndex
 from ..precision import accumulator_dtype, matmul_mode, mm
-from ._chunks import causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
+from ._channel import channel_blocks, channel_lower_apply, channel_upper_apply
+from ._chunks import ChunkGates, causal_mask, causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
 def bwd_dqkwg(
@@ -51,7 +52,8 @@ def bwd_dqkwg(
     """q, k ``[T, H_qk, K]``; g ``[T, HV]``; h, dh ``[NC, HV, K, V]``; v_new,
     do, dv_new ``[T, HV, V]``. Writes, per value head (computed in the compute
     dtype, rounded once to each output's dtype), dq_out, dk_out, dw_out
-    ``[T, HV, K]`` and dg_out ``[T, HV]`` (gradient of the gate cumsum)."""
+    ``[T, HV, K]`` and dg_out ``[T, HV]`` (gradient of the gate cumsum). With a
+    gate per key channel (KDA), g and dg_out are ``[T, HV, K]``."""
     cdt = accumulator_dtype(k.dtype)
     HV = v_new.shape[1]
     rows = chunk_rows(index)
@@ -59,9 +61,14 @@ def bwd_dqkwg(
     gates = chunk_gates(g, rows, cdt, gate_params)
     vn, doc, dvn = to_chunks(v_new, rows, cdt), to_chunks(do, rows, cdt), to_chunks(dv_new, rows, cdt)
     h, dh = h.to(cdt), dh.to(cdt)  # h is a tape in the input dtype
+    mode = matmul_mode(q.dtype)
+    if gates.per_channel:
+        dq, dk, dw, dG = channel_dqkwg(qc, kc, gates, h, dh, vn, doc, dvn, rows.last, scale, mode)
+        for x, out in ((dq, dq_out), (dk, dk_out), (dw, dw_out), (dG, dg_out)):
+            from_chunks(x, rows, out)
+        return
     gamma = torch.exp(gates.cum)
     gamma_ratio = torch.exp(gates.tail)  # gamma_C / gamma
-    mode = matmul_mode(q.dtype)
 
     dq_state = scale * gamma[..., None] * mm(doc, h.mT, mode)
     dscores = scale * causal_scores(doc, vn, gates, mode=mode)  # dP * D
@@ -76,3 +83,27 @@ def bwd_dqkwg(
     d_last = through_end.sum(-1) + torch.exp(gates.cum[..., -1]) * (dh * h).sum((-2, -1))
     dG = dG + rows.last[:, None, :] * d_last[..., None]
     from_chunks(dG, rows, dg_out)
+
+
+def channel_dqkwg(qc, kc, gates: ChunkGates, h, dh, vn, doc, dvn, last_row, scale: float, mode: str):
+    """:func:`bwd_dqkwg` in chunk layout for a gate per key channel (KDA):
+    ``(dq, dk, dw, dG)``, each ``[NC, HV, C, K]``. With
+    ``P_ij = sum_d q_id k_jd exp(G_id - G_jd)`` and ``dP = scale dO Vn^T`` (causal),
+    ``dQ_P = dP . K`` and ``dK_P = dP^T . Q`` through the anchored blocks of
+    :mod:`._channel`, and the gate cumsum takes ``Q * dQ_P - K * dK_P`` per
+    channel beside the state and end terms of the head-gate form (``last_row``
+    ``[NC, C]``: the chunk's last row, which takes the whole-chunk decay's terms)."""
+    gamma = torch.exp(gates.cum)
+    d_scores = scale * mm(doc, vn.mT, mode)
+    d_scores = torch.where(causal_mask(d_scores.shape[-1], False, d_scores.device), d_scores,
+                           torch.zeros((), dtype=d_scores.dtype, device=d_scores.device))
+    blocks = channel_blocks(gates.g)
+    dq_scores = channel_lower_apply(d_scores, kc, blocks, mode)
+    dk_scores = channel_upper_apply(d_scores, qc, blocks, mode)
+    dq_state = scale * gamma * mm(doc, h.mT, mode)
+    dk_end = torch.exp(gates.tail) * mm(vn, dh.mT, mode)
+    through_end = dk_end * kc
+    dG = dq_state * qc + dq_scores * qc - dk_scores * kc - through_end
+    d_last = through_end.sum(-2) + torch.exp(gates.last) * (dh * h).sum(-1)  # [NC, HV, K]
+    dG = dG + last_row[:, None, :, None] * d_last[..., None, :]
+    return dq_state + dq_scores, dk_scores + dk_end, -mm(dvn, h.mT, mode), dG

@@ -18,7 +18,8 @@ import torch
 
 from ..chunk_index import ChunkIndex
 from ..precision import accumulator_dtype, matmul_mode, mm
-from ._chunks import add_from_chunks, causal_decay, chunk_gates, chunk_rows, from_chunks, load_qk
+from ._channel import channel_blocks, channel_lower_apply, channel_upper_apply
+from ._chunks import ChunkGates, add_from_chunks, causal_decay, chunk_gates, chunk_rows, from_chunks, load_qk
 from ._chunks import chunk_beta, to_chunks
 
 
@@ -45,7 +46,8 @@ def bwd_wy(
     dw ``[T, HV, K]``; du ``[T, HV, V]`` (= dv_new). Adds into dk_acc ``[T, HV, K]``
     and dg_acc ``[T, HV]`` (each sum in the compute dtype, rounded once to the
     accumulator's dtype); writes dv_out ``[T, HV, V]`` and dbeta_out ``[T, HV]``
-    (rounded to their dtypes)."""
+    (rounded to their dtypes). With a gate per key channel (KDA), g and dg_acc
+    are ``[T, HV, K]``."""
     cdt = accumulator_dtype(k.dtype)
     HV = v.shape[1]
     rows = chunk_rows(index)
@@ -53,11 +55,18 @@ def bwd_wy(
     bc, dbeta_dinput = chunk_beta(beta, rows, cdt, beta_sigmoid, beta_scale)
     gates = chunk_gates(g, rows, cdt, gate_params)
     Ac, dwc, duc = to_chunks(A, rows, cdt), to_chunks(dw, rows, cdt), to_chunks(du, rows, cdt)
+    mode = matmul_mode(k.dtype)
+    At_dw, At_du = mm(Ac.mT, dwc, mode), mm(Ac.mT, duc, mode)
+    if gates.per_channel:
+        dk, dbeta, dG = channel_wy(kc, vc, bc, gates, Ac, dwc, duc, At_dw, At_du, mode)
+        add_from_chunks(dk, rows, dk_acc)
+        add_from_chunks(dG, rows, dg_acc)
+        from_chunks(bc[..., None] * At_du, rows, dv_out)
+        from_chunks(dbeta * dbeta_dinput, rows, dbeta_out)
+        return
     gamma = torch.exp(gates.cum)
     beta_gamma = bc * gamma
     kb, vb = beta_gamma[..., None] * kc, bc[..., None] * vc
-    mode = matmul_mode(k.dtype)
-    At_dw, At_du = mm(Ac.mT, dwc, mode), mm(Ac.mT, duc, mode)
     w_dot_k = (At_dw * kc).sum(-1)
 
     decay = causal_decay(gates, strict=True)
@@ -77,3 +86,24 @@ def bwd_wy(
     add_from_chunks(dG, rows, dg_acc)
     from_chunks(bc[..., None] * At_du, rows, dv_out)
     from_chunks(dbeta * dbeta_dinput, rows, dbeta_out)
+
+
+def channel_wy(kc, vc, bc, gates: ChunkGates, Ac, dwc, duc, At_dw, At_du, mode: str):
+    """:func:`bwd_wy`'s gradients in chunk layout for a gate per key channel
+    (KDA): ``(dk [NC, HV, C, K], dbeta [NC, HV, C], dG [NC, HV, C, K])``. With
+    ``L_ij = sum_d (beta_i k_id) k_jd exp(G_id - G_jd)`` (j < i), its gradient
+    ``dL`` reaches the left operand as ``dL . K`` and the right one as
+    ``dL^T . (beta K)`` (anchored blocks of :mod:`._channel`); the gate cumsum
+    takes ``beta K * (dL . K) - K * (dL^T . beta K)`` and W's own decay."""
+    gamma = torch.exp(gates.cum)
+    kb = bc[..., None] * gamma * kc
+    dA = mm(dwc, kb.mT, mode) + mm(duc, (bc[..., None] * vc).mT, mode)
+    dL = -mm(mm(Ac.mT, dA, mode), Ac.mT, mode).tril(-1)
+    blocks = channel_blocks(gates.g)
+    d_left = channel_lower_apply(dL, kc, blocks, mode)
+    d_right = channel_upper_apply(dL, bc[..., None] * kc, blocks, mode)
+    through_w = gamma * kc * At_dw
+    dk = bc[..., None] * (gamma * At_dw + d_left) + d_right
+    dbeta = through_w.sum(-1) + (At_du * vc).sum(-1) + (kc * d_left).sum(-1)
+    dG = bc[..., None] * (through_w + kc * d_left) - kc * d_right
+    return dk, dbeta, dG

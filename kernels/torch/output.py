@@ -35,6 +35,6 @@ def output(
     gates = chunk_gates(g, rows, cdt, gate_params)
     mode = matmul_mode(q.dtype)
     scores = causal_scores(qc, kc, gates, mode=mode)
-    o = (mm(torch.exp(gates.cum)[..., None] * qc, h.to(cdt), mode)
+    o = (mm(gates.rows(torch.exp(gates.cum)) * qc, h.to(cdt), mode)
          + lower_matmul(scores, to_chunks(v_new, rows, cdt), mode))
     from_chunks(scale * o, rows, o_out)

@@ -96,7 +96,8 @@ def prep(
 ) -> None:
     """Fill the prep tapes.
 
-    q, k: ``[T, H_qk, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``.
+    q, k: ``[T, H_qk, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]`` (g per
+    key channel, KDA: ``[T, HV, K]``).
     Writes A_out ``[T, HV, C]`` (row i of its chunk's A: the Triton twin's W, U
     launch reads it back, so a forward without a backward still binds it),
     w_out ``[T, HV, K]``, u_out ``[T, HV, V]``, each computed in fp32 (fp64
@@ -126,7 +127,7 @@ def write_w_u(A, kc, bc, gates, v, rows, mode: str, w_out: torch.Tensor, u_out: 
     """W and U of chunked A, k, beta and gates into ``w_out`` / ``u_out``. The
     products round A to the input dtype (``mode``), the dtype of prep's
     ``A_out``: from the A prep holds or from the one it wrote, the same bits."""
-    from_chunks(lower_matmul(A, (bc * torch.exp(gates.cum))[..., None] * kc, mode), rows, w_out)
+    from_chunks(lower_matmul(A, bc[..., None] * gates.rows(torch.exp(gates.cum)) * kc, mode), rows, w_out)
     from_chunks(lower_matmul(A, bc[..., None] * to_chunks(v, rows, A.dtype), mode), rows, u_out)
 
 

@@ -1,0 +1,126 @@
+"""Per-channel decays inside a chunk: the intra-chunk products of KDA (DESIGN.md §2b).
+
+With a gate per key channel, a pair of rows ``j <= i`` of a chunk decays by
+``exp(Γ_i - Γ_j)`` (``[K]``), so the chunk's scores are no longer a product
+times a ``[C, C]`` matrix. Taken as ``e^{Γ_i} e^{-Γ_j}`` the second factor
+overflows fp32 once a channel's decay passes 88 inside the chunk (a gate of
+-1000, FLA's padding value, does it in one token). Here no exponent is ever
+positive: the chunk is cut into sub-chunks of ``SUB_CHUNK`` rows, and a pair in
+different sub-chunks (``J`` before ``I``) goes through the anchor ``r_J``, the
+last row of ``J``, which lies between them:
+
+    exp(Γ_i - Γ_j) = exp(Γ_i - Γ_r) exp(Γ_r - Γ_j)        (both exponents <= 0)
+
+so the off-diagonal blocks are products of decayed operands (tensor-core
+shaped), and the pairs inside one sub-chunk are taken elementwise. Every
+exponent is a sum of exactly the gates it spans (never a difference of two
+cumsums), so a gate of ``-inf`` (a hard reset of that channel) gives an exact
+zero and never ``-inf - -inf``.
+
+Cost per chunk and head: ``(C / SUB_CHUNK + 1 + SUB_CHUNK) C K`` exponentials
+(1,344 K at C = 64, against ``C^2 K`` = 4,096 K for the direct ``[C, C, K]``
+tensor) and the usual ``C^2 K`` multiply-adds.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..precision import mm
+
+SUB_CHUNK = 16
+"""Rows of a sub-chunk (a quarter of a chunk, the WY inverse's diagonal block)."""
+
+
+class ChannelBlocks(NamedTuple):
+    """The decays of :mod:`_channel` for per-channel gates ``g`` ``[NC, H, C, K]``."""
+
+    ahead: torch.Tensor  # [NC, H, n, C, K]: exp(sum_{r_J < l <= i} g_l) (1 where i <= r_J)
+    behind: torch.Tensor  # [NC, H, C, K]: exp(sum_{j < l <= r_J(j)} g_l), from row j to its sub-chunk's end
+    within: torch.Tensor  # [NC, H, n, c, c, K]: exp(sum_{jj < l <= ii} g_l) on ii >= jj of a sub-chunk, else 0
+
+
+def channel_blocks(g: torch.Tensor) -> ChannelBlocks:
+    """The anchored decays of per-channel gates ``g`` ``[..., C, K]`` (padded rows 0)."""
+    C, c = g.shape[-2], SUB_CHUNK
+    n = C // c
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    pos = torch.arange(C, device=g.device)
+    anchor = torch.arange(n, device=g.device) * c + (c - 1)
+    after = (pos[None, :] > anchor[:, None])[..., None]  # [n, C, 1]
+    ahead = torch.exp(torch.where(after, g[..., None, :, :], zero).cumsum(-2))
+    gs = g.unflatten(-2, (n, c))
+    tail = torch.nn.functional.pad(gs[..., 1:, :].flip(-2).cumsum(-2).flip(-2), (0, 0, 0, 1))
+    below = torch.ones(c, c, dtype=torch.bool, device=g.device).tril(-1)[..., None]
+    segment = torch.where(below, gs[..., :, None, :], zero).cumsum(-3)
+    causal = torch.ones(c, c, dtype=torch.bool, device=g.device).tril()[..., None]
+    return ChannelBlocks(ahead, torch.exp(tail).flatten(-3, -2), torch.where(causal, torch.exp(segment), zero))
+
+
+def _sub(x: torch.Tensor) -> torch.Tensor:
+    """Rows ``[..., C, D]`` -> ``[..., n, c, D]``."""
+    return x.unflatten(-2, (x.shape[-2] // SUB_CHUNK, SUB_CHUNK))
+
+
+def _block_masks(C: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[C, C]``: pairs in different sub-chunks with i's later, and pairs in one sub-chunk."""
+    sub = torch.arange(C, device=device) // SUB_CHUNK
+    return sub[:, None] > sub[None, :], sub[:, None] == sub[None, :]
+
+
+def _diagonal_blocks(x: torch.Tensor) -> torch.Tensor:
+    """The ``[..., n, c, c]`` diagonal blocks of ``[..., C, C]``."""
+    n = x.shape[-1] // SUB_CHUNK
+    blocks = x.unflatten(-1, (n, SUB_CHUNK)).unflatten(-3, (n, SUB_CHUNK))  # [..., n, c, n, c]
+    return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def _block_diagonal(blocks: torch.Tensor) -> torch.Tensor:
+    """``[..., n, c, c]`` -> the ``[..., C, C]`` matrix with those diagonal blocks, zero off them."""
+    n, c = blocks.shape[-3], blocks.shape[-1]
+    out = blocks.new_zeros(*blocks.shape[:-3], n, c, n, c)
+    out.diagonal(dim1=-4, dim2=-2).copy_(blocks.movedim(-3, -1))
+    return out.flatten(-4, -3).flatten(-2, -1)
+
+
+def _off_blocks(x: torch.Tensor) -> torch.Tensor:
+    """``[..., C, C]`` -> ``[..., n, C, c]``: column block J of x as its own matrix."""
+    return x.unflatten(-1, (x.shape[-1] // SUB_CHUNK, SUB_CHUNK)).movedim(-2, -3)
+
+
+def channel_scores(a: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, keep: torch.Tensor,
+                   mode: str) -> torch.Tensor:
+    """``S_ij = sum_d a_id b_jd exp(Γ_id - Γ_jd)`` on ``keep`` (a causal ``[C, C]``
+    mask), zero elsewhere: ``[..., C, C]`` from a, b ``[..., C, K]``. Off the
+    diagonal blocks one product under ``mode`` per sub-chunk of columns."""
+    off_mask, _ = _block_masks(a.shape[-2], a.device)
+    b_behind = _sub(b * blocks.behind)
+    off = mm(a[..., None, :, :] * blocks.ahead, b_behind.mT, mode).movedim(-3, -2).flatten(-2)
+    diag = (_sub(a)[..., :, None, :] * _sub(b)[..., None, :, :] * blocks.within).sum(-1)
+    scores = torch.where(off_mask, off, _block_diagonal(diag))
+    return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+
+
+def channel_lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
+    """``out_i = sum_j x_ij b_j * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
+    ``[..., C, C]`` x (zero above its diagonal): the gradient of
+    :func:`channel_scores` with respect to ``a`` when x is the scores' gradient."""
+    off_mask, same = _block_masks(x.shape[-1], x.device)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    part = mm(_off_blocks(torch.where(off_mask, x, zero)), _sub(b * blocks.behind), mode)  # [..., n, C, K]
+    off = (part * blocks.ahead).sum(-3)
+    diag = (_diagonal_blocks(x)[..., None] * _sub(b)[..., None, :, :] * blocks.within).sum(-2)
+    return off + diag.flatten(-3, -2)
+
+
+def channel_upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
+    """``out_j = sum_i x_ij a_i * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
+    ``[..., C, C]`` x: the gradient of :func:`channel_scores` with respect to ``b``."""
+    off_mask, _ = _block_masks(x.shape[-1], x.device)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    part = mm(_off_blocks(torch.where(off_mask, x, zero)).mT, a[..., None, :, :] * blocks.ahead, mode)  # [..., n, c, K]
+    off = part.flatten(-3, -2) * blocks.behind
+    diag = (_diagonal_blocks(x)[..., None] * _sub(a)[..., :, None, :] * blocks.within).sum(-3)
+    return off + diag.flatten(-3, -2)
