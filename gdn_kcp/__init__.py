@@ -9,6 +9,7 @@ from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext, build_kcp_context
 from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.kcp import gdn_kcp
+from gdn_kcp.kda import chunk_kda, kda_gate, kda_kcp
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.ops import trace_host_path
 from gdn_kcp.parallel import check_cp_gradients
@@ -25,9 +26,21 @@ from gdn_kcp.queries import (
     gdn_state_layout_kcp,
     gdn_workspace_bytes_kcp,
     gdn_workspace_layout_kcp,
+    kda_checkpoint_bytes_kcp,
+    kda_comm_bytes_kcp,
+    kda_det_comm_bytes_kcp,
+    kda_det_saved_bytes_kcp,
+    kda_det_saved_layout_kcp,
+    kda_det_workspace_bytes_kcp,
+    kda_det_workspace_layout_kcp,
+    kda_saved_bytes_kcp,
+    kda_saved_layout_kcp,
+    kda_state_layout_kcp,
+    kda_workspace_bytes_kcp,
+    kda_workspace_layout_kcp,
 )
 from gdn_kcp.recurrent import fused_recurrent_gated_delta_rule
-from gdn_kcp.reference import naive_recurrence
+from gdn_kcp.reference import naive_kda_recurrence, naive_recurrence
 from gdn_kcp.workspace import WorkspaceKcp, record_workspace
 
 from gdn_kcp import layers  # noqa: E402  (gdn_kcp.layers after `import gdn_kcp`; it imports the API above)
@@ -42,6 +55,7 @@ __all__ = [
     "check_cp_gradients",
     "checkpoint_policy",
     "chunk_gated_delta_rule",
+    "chunk_kda",
     "gdn_checkpoint_bytes_kcp",
     "fused_recurrent_gated_delta_rule",
     "gdn_comm_bytes_kcp",
@@ -56,8 +70,23 @@ __all__ = [
     "gdn_state_layout_kcp",
     "gdn_workspace_bytes_kcp",
     "gdn_workspace_layout_kcp",
+    "kda_gate",
+    "kda_kcp",
+    "kda_checkpoint_bytes_kcp",
+    "kda_comm_bytes_kcp",
+    "kda_det_comm_bytes_kcp",
+    "kda_det_saved_bytes_kcp",
+    "kda_det_saved_layout_kcp",
+    "kda_det_workspace_bytes_kcp",
+    "kda_det_workspace_layout_kcp",
+    "kda_saved_bytes_kcp",
+    "kda_saved_layout_kcp",
+    "kda_state_layout_kcp",
+    "kda_workspace_bytes_kcp",
+    "kda_workspace_layout_kcp",
     "last_checkpoint_record",
     "layers",
+    "naive_kda_recurrence",
     "naive_recurrence",
     "record_comm_bytes",
     "record_workspace",

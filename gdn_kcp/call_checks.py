@@ -39,7 +39,7 @@ def check_kcp_inputs(q, k, v, g, beta, ctx, *, scale, initial_state, output_fina
     gate = gate_keywords(g, beta, **gate_kwargs)
     check_flag("output_final_state", output_final_state)
     dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=None,
-                               initial_rows=(ctx.n_start_docs, "ctx.n_start_docs"))
+                               initial_rows=(ctx.n_start_docs, "ctx.n_start_docs"), gate=options.gate)
     if dims.B != 1:
         raise ValueError(f"gdn_kcp takes one packed row per rank (B = 1), got B = {dims.B}")
     if dims.T != ctx.n_tokens:

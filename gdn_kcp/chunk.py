@@ -123,20 +123,32 @@ def chunk_gated_delta_rule(
     check_chunk_indices(chunk_indices, cu_seqlens)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode,
+                         reuse_recompute_tapes=reuse_recompute_tapes, recompute_output=recompute_output)
+    return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
+                         output_final_state, state_v_first, gate)
+
+
+def one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options: OptionsKcp,
+                  scale: float | None, output_final_state: bool, state_v_first: bool, gate):
+    """The checked FLA-layout call on one rank (GDN, or KDA with
+    ``options.gate == "channel"``): the context of its documents, the ops,
+    and FLA's output layouts. ``bounds``: the host-read document bounds (or
+    None, traced); ``initial_state`` already in our ``[N, HV, K, V]`` layout."""
     BT = dims.B * dims.T
     n_sms = device_sms(q.device)  # the segment plan fills the device
     if cu_seqlens is None:
         ctx = context_from_split(bounds, [(0, BT)], 0, device=q.device, n_sms=n_sms)
     else:
         ctx = capped_context(cu_seqlens.to(q.device), [(0, BT)], 0, n_sms=n_sms)
+    gate_dims = (dims.HV, dims.K) if options.gate == "channel" else (dims.HV,)
     o, final_state = apply_gdn(
         q.reshape(BT, dims.H_qk, dims.K),
         k.reshape(BT, dims.H_qk, dims.K),
         v.reshape(BT, dims.HV, dims.V),
-        g.reshape(BT, dims.HV),
+        g.reshape(BT, *gate_dims),
         beta.reshape(BT, dims.HV),
-        initial_state, ctx, OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode,
-                                      reuse_recompute_tapes=reuse_recompute_tapes, recompute_output=recompute_output),
+        initial_state, ctx, options,
         float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None, gate,
     )
     if not output_final_state:

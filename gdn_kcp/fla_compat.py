@@ -36,7 +36,7 @@ def fla_keywords(state_v_first: object, kwargs: dict, fn: str = "chunk_gated_del
                       stacklevel=3)
         state_v_first = kwargs.pop("transpose_state_layout")
         check_flag("transpose_state_layout", state_v_first)
-    if "chunk_size" in kwargs and fn == "chunk_gated_delta_rule":
+    if "chunk_size" in kwargs and fn in ("chunk_gated_delta_rule", "chunk_kda"):
         chunk_size = kwargs.pop("chunk_size")
         if type(chunk_size) is not int or chunk_size != CHUNK_SIZE:
             raise ValueError(f"chunk_size = {chunk_size!r} is not supported: the kernels cut chunks of "
@@ -47,10 +47,10 @@ def fla_keywords(state_v_first: object, kwargs: dict, fn: str = "chunk_gated_del
     return state_v_first
 
 
-def check_cp_context(cp_context: object) -> None:
+def check_cp_context(cp_context: object, kcp_entry: str = "gdn_kcp") -> None:
     if cp_context is not None:
         raise ValueError("cp_context (flash-linear-attention's context parallelism) is not taken here: split the "
-                         "stream with gdn_kcp.build_kcp_context and call gdn_kcp.gdn_kcp on every rank")
+                         f"stream with gdn_kcp.build_kcp_context and call gdn_kcp.{kcp_entry} on every rank")
 
 
 def _check_equal(name: str, actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:

@@ -85,7 +85,7 @@ def gdn_kcp(
         q.reshape(T, dims.H_qk, dims.K),
         k.reshape(T, dims.H_qk, dims.K),
         v.reshape(T, dims.HV, dims.V),
-        g.reshape(T, dims.HV),
+        g.reshape(T, dims.HV, *((dims.K,) if options.gate == "channel" else ())),
         beta.reshape(T, dims.HV),
         initial_state, ctx, options, float(dims.K**-0.5 if scale is None else scale),
         ctx.n_end_docs if output_final_state else 0, workspace, gate,

@@ -156,6 +156,7 @@ def check_gdn_inputs(
     initial_rows: tuple[int, str] | None = None,
     cu_seqlens_host: torch.Tensor | None = None,
     state_v_first: bool = False,
+    gate: str = "head",
 ) -> tuple[GdnDims, list[int] | None]:
     """Check the FLA-layout inputs; return their sizes and the document bounds
     over the flattened ``B * T`` tokens (None for a ``cu_seqlens`` whose
@@ -165,11 +166,13 @@ def check_gdn_inputs(
     rank holds the documents that start on it). ``cu_seqlens_host``: a host
     copy of ``cu_seqlens`` to read instead of it (FLA's ``cu_seqlens_cpu``:
     no device sync), checked to equal it by the caller. ``state_v_first``:
-    initial_state is ``[N, HV, V, K]`` (FLA's V-first layout)."""
+    initial_state is ``[N, HV, V, K]`` (FLA's V-first layout). ``gate="channel"``:
+    g is ``[B, T, HV, K]``, a gate per key channel (KDA)."""
     check_tensor("q", q, 4, "[B, T, H_qk, K]")
     check_tensor("k", k, 4, "[B, T, H_qk, K]")
     check_tensor("v", v, 4, "[B, T, HV, V]")
-    check_tensor("g", g, 3, "[B, T, HV]")
+    per_channel = gate == "channel"
+    check_tensor("g", g, 4 if per_channel else 3, "[B, T, HV, K]" if per_channel else "[B, T, HV]")
     check_tensor("beta", beta, 3, "[B, T, HV]")
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_float_dtype(name, x)
@@ -184,7 +187,10 @@ def check_gdn_inputs(
     if v.shape[:2] != (B, T):
         raise ValueError(f"v must be [B, T, HV, V] with B, T = {B}, {T} (from q), got {tuple(v.shape)}")
     HV, V = v.shape[2], v.shape[3]
-    for name, x in (("g", g), ("beta", beta)):
+    if per_channel and g.shape != (B, T, HV, K):
+        raise ValueError(f"g must have shape [B, T, HV, K] = {(B, T, HV, K)} (a gate per key channel), "
+                         f"got {tuple(g.shape)}")
+    for name, x in (("g", g), ("beta", beta))[per_channel:]:
         if x.shape != (B, T, HV):
             raise ValueError(f"{name} must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
     if H_qk == 0 or HV % H_qk != 0:

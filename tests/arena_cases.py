@@ -8,9 +8,10 @@ import itertools
 from dataclasses import replace
 
 import torch
-from gdn_inputs import make_inputs, max_abs, rel_rms
+from gdn_inputs import channel_gates, make_inputs, max_abs, rel_rms
 
-from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_comm_bytes_kcp, gdn_kcp
+from gdn_kcp import (OptionsKcp, build_kcp_context, chunk_gated_delta_rule, chunk_kda, gdn_comm_bytes_kcp, gdn_kcp,
+                     kda_comm_bytes_kcp, kda_kcp, kda_saved_layout_kcp, kda_workspace_layout_kcp)
 from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.plan import segment_range
 from gdn_kcp.queries import COLLECTIVES
@@ -103,12 +104,17 @@ def check_layout(record, layout, where) -> None:
 
 
 def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: int | None = None,
-              segments: int | None = None, dims: tuple[int, int, int, int] = (H_QK, HV, K, V)) -> None:
+              segments: int | None = None, dims: tuple[int, int, int, int] = (H_QK, HV, K, V),
+              kda: bool = False) -> None:
     """Every packing of ``PACKINGS[R]`` (or, with ``max_docs``, the random
     packings of :func:`capped_packings` on capped contexts, whose figures must
     also be one for every packing). ``segments``: P (cut to each rank's
     range) on the options of :func:`segment_options`, over the longer
-    packings of ``SEGMENT_PACKINGS``. ``dims``: ``(H_qk, HV, K, V)``."""
+    packings of ``SEGMENT_PACKINGS``. ``dims``: ``(H_qk, HV, K, V)``.
+    ``kda``: KDA calls (a gate per key channel) against the ``kda_*`` queries."""
+    entry, call = (chunk_kda, kda_kcp) if kda else (chunk_gated_delta_rule, gdn_kcp)
+    queries = ((kda_comm_bytes_kcp, kda_workspace_layout_kcp, kda_saved_layout_kcp) if kda else
+               (gdn_comm_bytes_kcp, gdn_workspace_layout_kcp, gdn_saved_layout_kcp))
     figures: dict[OptionsKcp, tuple] = {}
     H_QK, HV, K, V = dims
     if segments is not None:
@@ -118,6 +124,8 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: i
     for bounds, ranges in packings:
         T = bounds[-1]
         inputs = make_inputs(T, H_QK, HV, K, V, dtype=dtype, seed=R)
+        if kda:
+            inputs[3] = channel_gates(inputs[3], K, R)
         cu = torch.tensor(bounds)
         ctx = build_kcp_context(cu, rank_ranges=ranges and list(ranges), max_docs=max_docs)
         start, end = ctx.rank_ranges[rank]
@@ -125,7 +133,7 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: i
         do = do_all[:, start:end]
         for l2 in (False, True):
             leaves = [x.clone().requires_grad_() for x in inputs]
-            ref_o, _ = chunk_gated_delta_rule(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
+            ref_o, _ = entry(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
             ref = [ref_o, *torch.autograd.grad((ref_o * do_all).sum(), leaves)]  # every rank's loss
             ref = [x[:, start:end] for x in ref]
             for options in valid_options() if segments is None else segment_options():
@@ -136,15 +144,15 @@ def run_arena(rank: int, R: int, dtype: torch.dtype = torch.float32, max_docs: i
                 where = f"R={R} rank={rank} bounds={bounds} {options}"
                 mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
                 with record_workspace() as record, record_comm_bytes() as comm:
-                    o, _ = gdn_kcp(*mine, ctx, options=options)
+                    o, _ = call(*mine, ctx, options=options)
                     kept = saved_bytes(o, mine, ctx)
                     grads = torch.autograd.grad((o * do).sum(), mine)
-                queried = gdn_comm_bytes_kcp(ctx, HV, K, V, dtype=dtype, options=options)
+                queried = queries[0](ctx, HV, K, V, dtype=dtype, options=options)
                 for name in COLLECTIVES:
                     assert comm.get(name, {"send": 0, "recv": 0}) == queried[name], (where, name)
-                layout = gdn_workspace_layout_kcp(ctx, H_QK, HV, K, V, dtype=dtype, options=options)
+                layout = queries[1](ctx, H_QK, HV, K, V, dtype=dtype, options=options)
                 check_layout(record, layout, where)
-                saved = gdn_saved_layout_kcp(ctx, H_QK, HV, K, V, dtype=dtype, options=options)
+                saved = queries[2](ctx, H_QK, HV, K, V, dtype=dtype, options=options)
                 assert kept == sum(s.nbytes for s in saved.values()), (where, kept, saved)
                 if max_docs is not None:  # the recorded figures of every packing are the first one's
                     seen = (record.peak("fwd"), record.peak("bwd"), record.phases("fwd"), record.phases("bwd"),

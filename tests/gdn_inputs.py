@@ -64,3 +64,16 @@ def against_oracle(inputs: list[torch.Tensor], bounds: list[int], *, l2: bool, h
     grads = torch.autograd.grad((o.double() * do).sum() + (fs.double() * dfs).sum(), leaves)
     ref_grads = torch.autograd.grad((ro * do).sum() + (rfs * dfs).sum(), ref_leaves)
     return dict(zip(NAMES, zip([o, fs, *grads], [ro, rfs, *ref_grads])))
+
+
+def channel_gates(g: torch.Tensor, K: int, seed: int) -> torch.Tensor:
+    """KDA gates ``[B, T, HV, K]`` from GDN's ``[B, T, HV]``: each channel a
+    random multiple (0.2 to 3) of the head's gate, one token's channel 0 a hard
+    reset (``-inf``) and another's channel 1 a strong decay (``-1000``)."""
+    gen = torch.Generator().manual_seed(seed + 11)
+    gk = g[..., None] * (0.2 + 2.8 * torch.rand(K, generator=gen)).to(g.dtype)
+    T = g.shape[1]
+    if T > 2 and K > 1:
+        gk[:, T // 3, :, 0] = float("-inf")
+        gk[:, 2 * T // 3, :, 1] = -1000.0
+    return gk

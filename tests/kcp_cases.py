@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from gdn_inputs import make_inputs, max_abs, random_bounds, rel_rms
+from gdn_inputs import channel_gates, make_inputs, max_abs, random_bounds, rel_rms
 
-from gdn_kcp import (OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_comm_bytes_kcp, gdn_kcp,
-                     gdn_state_layout_kcp)
+from gdn_kcp import (OptionsKcp, build_kcp_context, chunk_gated_delta_rule, chunk_kda, gdn_comm_bytes_kcp, gdn_kcp,
+                     gdn_state_layout_kcp, kda_kcp)
 from gdn_kcp.plan import segment_range
 from gdn_kcp.queries import COLLECTIVES
 from gdn_kcp.exchange import record_comm_bytes
@@ -26,6 +26,7 @@ class KcpCase:
     l2: bool = False
     dtype: torch.dtype = torch.float64
     seed: int = 0
+    kda: bool = False  # KDA: a gate per key channel (chunk_kda / kda_kcp)
 
 
 def spanning(T: int, head: int = 7) -> tuple[int, ...]:
@@ -42,10 +43,12 @@ CASES = {
         KcpCase("random-uneven-fp32", tuple(random_bounds(330, 2, 90)), ((0, 70), (70, 330)), l2=True,
                 dtype=torch.float32),
         KcpCase("span-all", spanning(260), None, K=32, V=16, l2=True),
+        KcpCase("kda-random-uneven", tuple(random_bounds(330, 2, 90)), ((0, 70), (70, 330)), l2=True, kda=True),
     ],
     3: [
         KcpCase("span-all", spanning(410, 5), None, H_qk=1, HV=4),
         KcpCase("one-token-rank", tuple(random_bounds(350, 3, 120)), ((0, 200), (200, 201), (201, 350)), l2=True),
+        KcpCase("kda-span-all", spanning(410, 5), None, H_qk=1, HV=4, K=32, kda=True),
     ],
     4: [
         KcpCase("span-all-hv6", spanning(420), None, H_qk=3, HV=6, l2=True),
@@ -53,6 +56,8 @@ CASES = {
                 H_qk=2, HV=6),
         KcpCase("random-fp32", tuple(random_bounds(400, 4, 150)), ((0, 50), (50, 230), (230, 240), (240, 400)),
                 H_qk=1, HV=2, dtype=torch.float32),
+        KcpCase("kda-empty-rank-fp32", (0, 30, 30, 420, 431, 450), ((0, 100), (100, 100), (100, 300), (300, 450)),
+                H_qk=1, HV=4, l2=True, dtype=torch.float32, kda=True),
     ],
     5: [
         KcpCase("span-all-hv12", spanning(500, 3), None, H_qk=4, HV=12, l2=True),
@@ -81,13 +86,16 @@ def reference(case: KcpCase, states: bool, max_docs: int | None = None):
     bounds = padded_bounds(case, max_docs)
     T, N = bounds[-1], len(bounds) - 1
     inputs = make_inputs(T, case.H_qk, case.HV, case.K, case.V, dtype=case.dtype, seed=case.seed, l2=case.l2)
+    if case.kda:
+        inputs[3] = channel_gates(inputs[3], case.K, case.seed)
     gen = torch.Generator().manual_seed(case.seed + 7)
     cdt = torch.float64 if case.dtype == torch.float64 else torch.float32
     state0 = torch.randn(N, case.HV, case.K, case.V, generator=gen).to(cdt) if states else None
     leaves = [x.clone().requires_grad_() for x in inputs] + ([state0.clone().requires_grad_()] if states else [])
     cu = torch.tensor(bounds, dtype=torch.int64)
-    o, fs = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5] if states else None, cu_seqlens=cu,
-                                   output_final_state=states, use_qk_l2norm_in_kernel=case.l2)
+    entry = chunk_kda if case.kda else chunk_gated_delta_rule
+    o, fs = entry(*leaves[:5], initial_state=leaves[5] if states else None, cu_seqlens=cu,
+                  output_final_state=states, use_qk_l2norm_in_kernel=case.l2)
     do = torch.randn(o.shape, generator=gen).to(case.dtype)
     loss = (o * do).sum()
     dfs = None
@@ -125,12 +133,14 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
     mine = [x[:, start:end].clone().requires_grad_() for x in inputs]
     if segments is not None:
         segments = min(segments, segment_range(ctx))
-    options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2, segments=segments, **(modes or {}))
+    options = OptionsKcp(exchange=exchange, use_qk_l2norm=case.l2, segments=segments,
+                         gate="channel" if case.kda else "head", **(modes or {}))
     states = state0 is not None
+    call = kda_kcp if case.kda else gdn_kcp
     with record_comm_bytes() as log:
         if states:
             mine.append(padded_rows(state0[ctx.start_docs], ctx.n_start_docs, float("nan")).requires_grad_())
-            o, fs = gdn_kcp(*mine[:5], ctx, options=options, initial_state=mine[5], output_final_state=True)
+            o, fs = call(*mine[:5], ctx, options=options, initial_state=mine[5], output_final_state=True)
             assert fs.shape == (ctx.n_end_docs, case.HV, case.K, case.V)
             d_fs = padded_rows(dfs[ctx.end_docs], ctx.n_end_docs, 0.0)
             grads = torch.autograd.grad((o * do[:, start:end]).sum() + (fs * d_fs).sum(), mine)
@@ -140,7 +150,7 @@ def check_case_on_rank(case: KcpCase, rank: int, exchange: str, inputs, given, e
                 spec = queried[name]
                 assert (tensor.shape, tensor.dtype, tensor.nbytes) == (spec.shape, spec.dtype, spec.nbytes), name
         else:
-            o, _ = gdn_kcp(*mine, ctx, options=options)
+            o, _ = call(*mine, ctx, options=options)
             outputs = [o, *torch.autograd.grad((o * do[:, start:end]).sum(), mine)]
     where = f"{case.name} rank {rank} exchange={exchange} states={states} segments={segments} {modes or ''}"
     names = ("o", "dq", "dk", "dv", "dg", "dbeta", *STATE_NAMES)

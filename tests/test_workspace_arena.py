@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arena_cases import CAPPED_MAX_DOCS, CAPPED_R, PACKINGS, run_arena, valid_options
+from arena_cases import CAPPED_MAX_DOCS, CAPPED_R, H_QK, HV, K, PACKINGS, V, run_arena, valid_options
 from spawn import spawn_ranks
 
 
@@ -31,3 +31,16 @@ def test_capped_contexts_record_one_figure_for_every_packing(R):
     """Capped contexts over random packings: recorded bytes equal the queries
     at tolerance 0, and the recorded figures of every packing are the same."""
     spawn_ranks(R, run_arena, torch.float32, CAPPED_MAX_DOCS)
+
+
+@pytest.mark.parametrize("R", (1, 2, 4))
+def test_kda_recorded_bytes_equal_the_kda_queries(R):
+    """KDA calls (a gate per key channel, hard resets and strong decays among
+    the gates) on every valid option combination: the ``kda_*`` queries equal
+    the recorded bytes at tolerance 0, and every rank's outputs and gradients
+    the single-rank chunk_kda's."""
+    spawn_ranks(R, run_arena, torch.float32, None, None, (H_QK, HV, K, V), True)
+
+
+def test_kda_capped_contexts_record_one_figure_for_every_packing():
+    spawn_ranks(2, run_arena, torch.float32, CAPPED_MAX_DOCS, None, (H_QK, HV, K, V), True)

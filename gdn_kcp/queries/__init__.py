@@ -19,6 +19,20 @@ from .layout import (
     gdn_workspace_bytes_kcp,
     gdn_workspace_layout_kcp,
 )
+from .kda import (
+    kda_checkpoint_bytes_kcp,
+    kda_comm_bytes_kcp,
+    kda_det_comm_bytes_kcp,
+    kda_det_saved_bytes_kcp,
+    kda_det_saved_layout_kcp,
+    kda_det_workspace_bytes_kcp,
+    kda_det_workspace_layout_kcp,
+    kda_saved_bytes_kcp,
+    kda_saved_layout_kcp,
+    kda_state_layout_kcp,
+    kda_workspace_bytes_kcp,
+    kda_workspace_layout_kcp,
+)
 
 __all__ = [
     "COLLECTIVES",
@@ -40,5 +54,17 @@ __all__ = [
     "gdn_state_layout_kcp",
     "gdn_workspace_bytes_kcp",
     "gdn_workspace_layout_kcp",
+    "kda_checkpoint_bytes_kcp",
+    "kda_comm_bytes_kcp",
+    "kda_det_comm_bytes_kcp",
+    "kda_det_saved_bytes_kcp",
+    "kda_det_saved_layout_kcp",
+    "kda_det_workspace_bytes_kcp",
+    "kda_det_workspace_layout_kcp",
+    "kda_saved_bytes_kcp",
+    "kda_saved_layout_kcp",
+    "kda_state_layout_kcp",
+    "kda_workspace_bytes_kcp",
+    "kda_workspace_layout_kcp",
     "ring_elements",
 ]

@@ -1,0 +1,256 @@
+"""Kimi Delta Attention (KDA, DESIGN.md §2b): the gated delta rule with a gate
+per key channel, on the same programs, host path, exchanges and byte queries
+as GDN (``OptionsKcp.gate="channel"``).
+
+:func:`chunk_kda` has flash-linear-attention's signature (``fla.ops.kda.chunk_kda``)
+on one rank; :func:`kda_kcp` is :func:`gdn_kcp.gdn_kcp` for KDA, a packed
+stream split over the ranks of a context at any token split. FLA's gate in
+kernel,
+
+    g = -exp(A_log) * softplus(g_raw + dt_bias)                      (A_log [HV], dt_bias [HV * K])
+    g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))          (with lower_bound; A_log optional)
+
+is :func:`kda_gate`, computed in fp32 (fp64 for fp64 inputs) as a differentiable
+torch expression ahead of the ops (autograd carries dg to g_raw, A_log and
+dt_bias); the beta keywords run in the programs as for GDN. The programs are
+exact at any gate (no exponent above 0), so ``safe_gate`` and ``lower_bound``
+buy no speed here: they are accepted and checked as FLA checks them. The torch
+programs run KDA (CPU and any device); the Triton programs do not yet, and a
+CUDA call is refused with a ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from gdn_kcp.chunk import one_rank_call
+from gdn_kcp.context import KcpContext
+from gdn_kcp.kcp import gdn_kcp
+from gdn_kcp.fla_compat import check_cp_context, check_cu_seqlens_cpu, fla_keywords
+from gdn_kcp.fla_compat import states_v_first as swap_state_layout
+from gdn_kcp.gates import InKernelGate, check_head_vector
+from gdn_kcp.kernels.precision import accumulator_dtype
+from gdn_kcp.options import OptionsKcp
+from gdn_kcp.workspace import WorkspaceKcp
+from gdn_kcp.validate import check_flag, check_float_dtype, check_gdn_inputs, check_tensor
+
+
+def kda_gate(g: torch.Tensor, A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+             lower_bound: float | None = None) -> torch.Tensor:
+    """FLA's KDA gate of the raw input ``g`` ``[..., HV, K]``, in fp32 (fp64 for
+    fp64 inputs), differentiable in all three tensors:
+    ``-exp(A_log) softplus(g + dt_bias)``, or with ``lower_bound``
+    ``lower_bound sigmoid(exp(A_log) (g + dt_bias))`` (without A_log,
+    ``lower_bound sigmoid(g + dt_bias)``). A_log ``[HV]``, dt_bias ``[HV * K]``.
+
+    >>> kda_gate(torch.zeros(1, 2, 4), A_log=torch.zeros(2)).flatten()[:2]
+    tensor([-0.6931, -0.6931])
+    """
+    cdt = accumulator_dtype(g.dtype)
+    HV, K = g.shape[-2:]
+    x = g.to(cdt)
+    if dt_bias is not None:
+        x = x + dt_bias.to(cdt).view(HV, K)
+    if lower_bound is None:
+        return -A_log.to(cdt).exp().view(HV, 1) * F.softplus(x)
+    if A_log is not None:
+        x = A_log.to(cdt).exp().view(HV, 1) * x
+    return lower_bound * torch.sigmoid(x)
+
+
+def check_kda_gate(g: torch.Tensor, *, A_log, dt_bias, lower_bound, use_gate_in_kernel: bool, safe_gate: bool,
+                   use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> InKernelGate | None:
+    """FLA's refusals of KDA's gate and beta keywords, as ValueErrors that name
+    the argument; returns the beta mode the programs compute (None without one)."""
+    for name, flag in (("use_gate_in_kernel", use_gate_in_kernel), ("safe_gate", safe_gate),
+                       ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
+                       ("allow_neg_eigval", allow_neg_eigval)):
+        check_flag(name, flag)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in "
+                         "flash-linear-attention): it doubles the sigmoid of the raw beta")
+    if lower_bound is not None:
+        if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)):
+            raise TypeError(f"lower_bound must be a float or None, got {type(lower_bound).__name__}")
+        if not lower_bound < 0:
+            raise ValueError(f"lower_bound must be negative (a bound on the log decay), got {lower_bound}")
+    if not use_gate_in_kernel:
+        for name, value in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if value is not None:
+                raise ValueError(f"{name} is only read with use_gate_in_kernel=True (g is then the raw gate input)")
+    else:
+        if A_log is None and lower_bound is None:
+            raise ValueError("use_gate_in_kernel=True needs A_log [HV] (or lower_bound, which makes A_log optional)")
+        if safe_gate and lower_bound is None:
+            raise ValueError("safe_gate=True with use_gate_in_kernel=True needs lower_bound (in [-5, 0), as in "
+                             "flash-linear-attention)")
+        if safe_gate and not -5 <= lower_bound < 0:
+            raise ValueError(f"lower_bound must be in [-5, 0) with safe_gate=True and use_gate_in_kernel=True, "
+                             f"got {lower_bound}")
+        if isinstance(g, torch.Tensor) and g.dim() == 4:
+            HV, K = g.shape[-2:]
+            if A_log is not None:
+                check_head_vector("A_log", A_log, HV, g.device)
+            if dt_bias is not None:
+                check_tensor("dt_bias", dt_bias, 1, "[HV * K]")
+                check_float_dtype("dt_bias", dt_bias)
+                if dt_bias.shape[0] != HV * K:
+                    raise ValueError(f"dt_bias must have HV * K = {HV * K} elements, got {tuple(dt_bias.shape)}")
+                if dt_bias.device != g.device:
+                    raise ValueError(f"dt_bias is on {dt_bias.device}, g on {g.device}")
+    if not use_beta_sigmoid_in_kernel:
+        return None
+    return InKernelGate(None, None, True, 2.0 if allow_neg_eigval else 1.0)
+
+
+def _check_device(q: torch.Tensor) -> None:
+    if q.device.type == "cuda":
+        raise ValueError("KDA runs on the torch programs only so far: the Triton programs of a gate per key channel "
+                         "are not written yet, so a CUDA call is refused (move the inputs to the CPU, or use GDN)")
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: object = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA on one rank, chunked (C = 64), with an explicit backward:
+    flash-linear-attention's ``chunk_kda`` (same positional order and keywords).
+
+    Args:
+        q, k: ``[B, T, H_qk, K]``. v: ``[B, T, HV, V]``, ``HV % H_qk == 0``.
+        g: ``[B, T, HV, K]``, the log decay per key channel (``<= 0``; ``-inf``
+            resets that channel), or with ``use_gate_in_kernel`` the raw gate
+            input of :func:`kda_gate` (``A_log`` ``[HV]`` and ``dt_bias``
+            ``[HV * K]`` through the keywords, as FLA takes them).
+        beta: ``[B, T, HV]`` (raw with ``use_beta_sigmoid_in_kernel``; doubled
+            sigmoid with ``allow_neg_eigval``).
+        scale, initial_state (``[N, HV, K, V]``, ``[N, HV, V, K]`` with
+            ``state_v_first``), output_final_state, use_qk_l2norm_in_kernel,
+            cu_seqlens, cu_seqlens_cpu: as :func:`gdn_kcp.chunk_gated_delta_rule`.
+        safe_gate, lower_bound: checked as FLA checks them; the gate is exact
+            here at any value, so safe_gate changes nothing.
+        disable_recompute: keep every forward tape (``save_mode="full"``).
+        return_intermediate_states: refused (FLA's inference-only form).
+        cp_context: refused: KCP is :func:`kda_kcp`.
+        use_graph, max_num_seqs: accepted; a fixed-length ``cu_seqlens`` is
+            always one graph here (``max_num_seqs``, when given, must be its
+            document count).
+        kwargs: ``A_log``, ``dt_bias``, ``chunk_size`` (64 only),
+            ``transpose_state_layout``; anything else is a TypeError.
+
+    Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``.
+
+    Example::
+
+        g = -torch.rand(1, 100, 4, 64)
+        o, s = chunk_kda(q, k, v, g, beta, output_final_state=True, cu_seqlens=torch.tensor([0, 30, 100]))
+    """
+    kwargs = dict(kwargs)
+    A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
+    state_v_first = fla_keywords(state_v_first, kwargs, fn="chunk_kda")
+    check_cp_context(cp_context, kcp_entry="kda_kcp")
+    for name, flag in (("disable_recompute", disable_recompute), ("use_graph", use_graph),
+                       ("return_intermediate_states", return_intermediate_states)):
+        check_flag(name, flag)
+    if return_intermediate_states:
+        raise ValueError("return_intermediate_states=True (flash-linear-attention's inference form, the chunk "
+                         "states h) is not taken: gdn_kcp's calls return (o, final_state) only")
+    beta_mode = check_kda_gate(g, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                               use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
+                               use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                               allow_neg_eigval=allow_neg_eigval)
+    host_bounds = check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens)
+    dims, bounds = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                    cu_seqlens=cu_seqlens, cu_seqlens_host=host_bounds,
+                                    state_v_first=state_v_first, gate="channel")
+    _check_device(q)
+    if max_num_seqs is not None and (cu_seqlens is None or max_num_seqs != cu_seqlens.shape[0] - 1):
+        raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be the document count of cu_seqlens "
+                         f"({None if cu_seqlens is None else cu_seqlens.shape[0] - 1}): pad cu_seqlens to it")
+    if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"initial_state must be float32 (as in flash-linear-attention), got {initial_state.dtype}")
+    if state_v_first:
+        initial_state = swap_state_layout(initial_state)
+    check_flag("output_final_state", output_final_state)
+    check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    if use_gate_in_kernel:
+        g = kda_gate(g, A_log, dt_bias, lower_bound)
+    options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode="full" if disable_recompute else "light",
+                         gate="channel")
+    return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
+                         output_final_state, state_v_first, beta_mode)
+
+
+def kda_kcp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ctx: KcpContext,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool | None = None,
+    options: OptionsKcp | None = None,
+    workspace: WorkspaceKcp | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_gate_in_kernel: bool = False,
+    lower_bound: float | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA over a packed stream split across the ranks of ``ctx`` (KCP): every
+    rank passes its own token range, as for :func:`gdn_kcp.gdn_kcp`, whose
+    arguments, options, states and workspace these are, with g ``[1, T_r, HV, K]``
+    (a gate per key channel) and the gate keywords of :func:`chunk_kda`.
+    ``options.gate`` is set to ``"channel"`` (the ``kda_*`` byte queries size
+    such a call); the exchanges carry the same ``(M, S)`` summaries as GDN's.
+
+    Example::
+
+        ctx = build_kcp_context(cu_seqlens_global)              # same on every rank
+        start, end = ctx.rank_ranges[ctx.rank]
+        o, _ = kda_kcp(q[:, start:end], k[:, start:end], v[:, start:end],
+                       g[:, start:end], beta[:, start:end], ctx, use_qk_l2norm_in_kernel=True)
+    """
+    check_kda_gate(g, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, use_gate_in_kernel=use_gate_in_kernel,
+                   safe_gate=False, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                   allow_neg_eigval=allow_neg_eigval)
+    if options is not None and not isinstance(options, OptionsKcp):
+        raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
+    if isinstance(q, torch.Tensor):
+        _check_device(q)
+    if use_gate_in_kernel:
+        check_tensor("g", g, 4, "[1, T_r, HV, K]")
+        g = kda_gate(g, A_log, dt_bias, lower_bound)
+    return gdn_kcp(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
+                   output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                   options=replace(options or OptionsKcp(), gate="channel"), workspace=workspace,
+                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
