@@ -1,0 +1,174 @@
+"""KDA (a gate per key channel) against the fp64 naive KDA recurrence: every
+output and gradient on odd sizes, GVA, states, the gate in kernel, strong
+decays and hard resets; and FLA's refusals of chunk_kda's arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_inputs import channel_gates, make_inputs, max_abs, random_bounds, rel_rms
+
+from gdn_kcp import chunk_kda, kda_gate, naive_kda_recurrence
+
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
+
+
+def kda_inputs(T, H_qk, HV, K, V, *, seed=0, dtype=torch.float64, strong=True):
+    q, k, v, g, beta = make_inputs(T, H_qk, HV, K, V, dtype=torch.float64, seed=seed)
+    g = channel_gates(g, K, seed) if strong else channel_gates(g, K, seed).clamp(min=-20)
+    return [x.to(dtype) for x in (q, k, v, g, beta)]
+
+
+def compare(inputs, bounds, *, l2, h0, seed=0, extra=None, gate=None, beta_fn=None, **keywords):
+    extra = extra or {}
+    """``{name: (ours, oracle)}`` for o, the final states and every gradient of a
+    random loss over both. ``extra``: more leaves by keyword (A_log, dt_bias)
+    whose gradients are checked too; ``gate(g, **extra)`` / ``beta_fn(beta)``:
+    the oracle's gate and beta from the raw inputs."""
+    HV, K, V = inputs[2].shape[2], inputs[0].shape[3], inputs[2].shape[3]
+    N = len(bounds) - 1
+    gen = torch.Generator().manual_seed(seed + 1)
+    state0 = torch.randn(N, HV, K, V, generator=gen, dtype=torch.float64) * 0.5 if h0 else None
+    cdt = torch.float64 if inputs[0].dtype == torch.float64 else torch.float32
+    ours = [x.clone().requires_grad_() for x in [*inputs, *extra.values()]]
+    refs = [x.double().requires_grad_() for x in [*inputs, *extra.values()]]
+    s0 = state0.to(cdt).requires_grad_() if h0 else None
+    rs0 = s0.detach().double().requires_grad_() if h0 else None
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    o, fs = chunk_kda(*ours[:5], initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=l2,
+                      cu_seqlens=cu, **keywords, **dict(zip(extra, ours[5:])))
+    g_ref = refs[3] if gate is None else gate(refs[3], **dict(zip(extra, refs[5:])))
+    beta_ref = refs[4] if beta_fn is None else beta_fn(refs[4])
+    ro, rfs = naive_kda_recurrence(*refs[:3], g_ref, beta_ref, initial_state=rs0, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
+    do = torch.randn(ro.shape, generator=gen, dtype=torch.float64)
+    dfs = torch.randn(rfs.shape, generator=gen, dtype=torch.float64)
+    leaves, rleaves = ours + ([s0] if h0 else []), refs + ([rs0] if h0 else [])
+    grads = torch.autograd.grad((o * do.to(o.dtype)).sum() + (fs * dfs.to(fs.dtype)).sum(), leaves)
+    rgrads = torch.autograd.grad((ro * do).sum() + (rfs * dfs).sum(), rleaves)
+    out = {"o": (o, ro), "final_state": (fs, rfs)}
+    names = ["dq", "dk", "dv", "dg", "dbeta"] + [f"d{name}" for name in extra]
+    out.update({n: (a, b) for n, a, b in zip(names, grads, rgrads)})
+    if h0:
+        out["d_initial_state"] = (grads[-1], rgrads[-1])
+    return out
+
+
+def assert_exact(results, where, atol=1e-9):
+    for name, (ours, ref) in results.items():
+        assert ours.shape == ref.shape, (where, name)
+        assert torch.isfinite(ours).all(), (where, name)
+        assert max_abs(ours, ref) < atol, (where, name, max_abs(ours, ref))
+
+
+ODD = [  # T, K, V, H_qk, HV, documents
+    (1, 16, 16, 1, 1, "one"),
+    (63, 32, 100, 1, 2, "many"),
+    (65, 100, 32, 2, 2, "one"),
+    (130, 16, 32, 1, 4, "many"),
+    (130, 128, 128, 1, 2, "two"),
+]
+
+
+def documents(T, kind, seed=0):
+    if kind == "one":
+        return [0, T]
+    if kind == "two":
+        return [0, T // 2 + 1, T]
+    return random_bounds(T, seed, 30)
+
+
+@pytest.mark.parametrize("T,K,V,H_qk,HV,docs", ODD, ids=[f"T{c[0]}-K{c[1]}-V{c[2]}-H{c[3]}x{c[4]}-{c[5]}" for c in ODD])
+@pytest.mark.parametrize("l2,h0", [(True, True), (False, False)], ids=["l2-h0", "nol2-noh0"])
+def test_fp64_matches_the_kda_oracle(T, K, V, H_qk, HV, docs, l2, h0):
+    inputs = kda_inputs(T, H_qk, HV, K, V, seed=T + K)
+    assert_exact(compare(inputs, documents(T, docs), l2=l2, h0=h0), f"T={T} K={K} V={V}")
+
+
+@pytest.mark.parametrize("disable_recompute", [False, True])
+def test_every_save_mode_and_hard_resets(disable_recompute):
+    """A channel reset (-inf) on every token of one document and -1000 gates
+    elsewhere: exact, and the same in the light and full save modes."""
+    inputs = kda_inputs(140, 1, 2, 32, 16, seed=3)
+    inputs[3][0, 70:100, 1, 5] = float("-inf")
+    inputs[3][0, 20:30, 0, :] = -1000.0
+    results = compare(inputs, [0, 70, 100, 140], l2=True, h0=True, disable_recompute=disable_recompute)
+    assert_exact(results, f"disable_recompute={disable_recompute}")
+
+
+@pytest.mark.parametrize("lower_bound,with_A_log", [(None, True), (-5.0, True), (-2.0, False)])
+def test_gate_in_kernel_and_beta_sigmoid(lower_bound, with_A_log):
+    """FLA's gate in kernel (softplus form, lower-bound form with and without
+    A_log) and beta = 2 sigmoid(beta): gradients reach the raw g, A_log and dt_bias."""
+    T, HV, K = 90, 4, 16
+    inputs = kda_inputs(T, 2, HV, K, 24, seed=5)
+    inputs[3] = torch.randn(1, T, HV, K, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    gen = torch.Generator().manual_seed(10)
+    A_log = torch.randn(HV, generator=gen, dtype=torch.float64)
+    dt_bias = torch.randn(HV * K, generator=gen, dtype=torch.float64)
+    extra = dict(A_log=A_log, dt_bias=dt_bias) if with_A_log else dict(dt_bias=dt_bias)
+    keywords = dict(use_gate_in_kernel=True, lower_bound=lower_bound, use_beta_sigmoid_in_kernel=True,
+                    allow_neg_eigval=True)
+    results = compare(inputs, [0, 40, T], l2=True, h0=True, extra=extra,
+                      gate=lambda g, A_log=None, dt_bias=None: kda_gate(g, A_log, dt_bias, lower_bound),
+                      beta_fn=lambda b: 2 * torch.sigmoid(b), **keywords)
+    assert set(results) >= {f"d{name}" for name in extra}
+    assert_exact(results, f"lower_bound={lower_bound} A_log={with_A_log}", atol=1e-8)
+
+
+def test_fp32_matches_the_oracle():
+    inputs = kda_inputs(130, 1, 2, 32, 32, seed=2, dtype=torch.float32)
+    for name, (ours, ref) in compare(inputs, [0, 7, 130], l2=True, h0=True).items():
+        assert rel_rms(ours, ref) < 2e-5, (name, rel_rms(ours, ref))
+
+
+def test_a_head_gate_broadcast_is_gdn():
+    """KDA with every channel of a head given the head's gate is GDN."""
+    from gdn_kcp import chunk_gated_delta_rule
+
+    q, k, v, g, beta = make_inputs(100, 1, 2, 16, 16, dtype=torch.float64, seed=1)
+    cu = torch.tensor([0, 33, 100])
+    o1, s1 = chunk_kda(q, k, v, g[..., None].expand(-1, -1, -1, 16), beta, output_final_state=True, cu_seqlens=cu)
+    o2, s2 = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+    assert max_abs(o1, o2) < 1e-12 and max_abs(s1, s2) < 1e-12
+
+
+def _args(T=10, H=1, HV=2, K=8, V=4):
+    q, k, v, g, beta = make_inputs(T, H, HV, K, V, dtype=torch.float32, seed=0)
+    return q, k, v, -torch.rand(1, T, HV, K), beta
+
+
+REFUSALS = [
+    (dict(g=-torch.rand(1, 10, 2)), ValueError, r"g must be a 4-d|g must have shape|\[B, T, HV, K\]"),
+    (dict(g=-torch.rand(1, 10, 2, 4)), ValueError, r"g must have shape \[B, T, HV, K\]"),
+    (dict(use_gate_in_kernel=True), ValueError, "needs A_log"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(3)), ValueError, r"A_log must have shape \[HV\]"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(8)), ValueError,
+     r"dt_bias must have HV \* K = 16"),
+    (dict(A_log=torch.zeros(2)), ValueError, "A_log is only read with use_gate_in_kernel=True"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(2), lower_bound=0.5), ValueError, "lower_bound must be negative"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(2), safe_gate=True), ValueError, "needs lower_bound"),
+    (dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-6.0), ValueError, r"\[-5, 0\)"),
+    (dict(allow_neg_eigval=True), ValueError, "requires use_beta_sigmoid_in_kernel"),
+    (dict(cp_context=object()), ValueError, "gdn_kcp.kda_kcp"),
+    (dict(chunk_size=32), ValueError, "chunk_size = 32"),
+    (dict(return_intermediate_states=True), ValueError, "return_intermediate_states"),
+    (dict(max_num_seqs=3, cu_seqlens=torch.tensor([0, 4, 10])), ValueError, "max_num_seqs = 3"),
+    (dict(initial_state=torch.zeros(1, 2, 8, 4, dtype=torch.bfloat16)), TypeError, "initial_state must be float32"),
+    (dict(bogus=1), TypeError, "unexpected keyword"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,match", REFUSALS, ids=[str(i) for i in range(len(REFUSALS))])
+def test_refusals_name_the_argument(kwargs, error, match):
+    q, k, v, g, beta = _args()
+    kwargs = dict(kwargs)
+    g = kwargs.pop("g", g)
+    with pytest.raises(error, match=match):
+        chunk_kda(q, k, v, g, beta, **kwargs)
+
+
+def test_gva_needs_a_multiple():
+    q, k, v, g, beta = _args(H=2, HV=3)
+    with pytest.raises(ValueError, match="multiple of H_qk"):
+        chunk_kda(q, k, v, g, beta)
