@@ -1,7 +1,7 @@
 """Which program backend a call runs: the torch programs on the CPU, the Triton
 programs on CUDA. :func:`use_programs` swaps one for tests and checks (the
 Triton programs on the CPU under ``TRITON_INTERPRET=1``, the torch programs on
-CUDA as a twin)."""
+CUDA as a twin, the CuTe DSL programs on CUDA: ``"cute"``, never the default)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import ModuleType
 
 import torch
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "cute")
 _backend_of = {"cpu": "torch", "cuda": "triton"}
 
 
@@ -70,9 +70,16 @@ def count_programs() -> Iterator[Counter]:
 
 @contextlib.contextmanager
 def use_programs(device_type: str, backend: str) -> Iterator[None]:
-    """Within the block, calls on ``device_type`` tensors run ``backend``."""
+    """Within the block, calls on ``device_type`` tensors run ``backend``.
+
+    ``"cute"`` (CUDA only, ``pip install -e .[cute]``) runs the CuTe DSL
+    programs where they exist (``scores``, ``w_u``, for sm_90a) and the Triton
+    ones elsewhere. They are compiled and checked on the CPU and not yet run on
+    a GPU, so this backend is never the default."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "cute" and device_type != "cuda":
+        raise ValueError(f"backend 'cute' runs on device_type 'cuda' only, got {device_type!r}")
     previous = _backend_of.get(device_type)
     _backend_of[device_type] = backend
     try:
