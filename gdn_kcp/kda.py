@@ -1,4 +1,4 @@
-"""Kimi Delta Attention (KDA, DESIGN.md §2b): the gated delta rule with a gate
+"""Kimi Delta Attention (KDA, docs/design.md): the gated delta rule with a gate
 per key channel, on the same programs, host path, exchanges and byte queries
 as GDN (``OptionsKcp.gate="channel"``).
 

@@ -70,7 +70,7 @@ def naive_kda_recurrence(
     cu_seqlens: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KDA (DESIGN.md §2b) by its definition, in fp64: per token, decay each key
+    """KDA (docs/design.md, "KDA") by its definition, in fp64: per token, decay each key
     row of the state by its own gate, then the delta rule,
 
         S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,   o_t = scale S_t^T q_t

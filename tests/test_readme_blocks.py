@@ -19,6 +19,7 @@ RUN_BLOCKS = {
     ("README.md", "Compile and capture"): 1,
     ("README.md", "Byte queries"): 1,
     ("docs/bytes.md", "Byte queries"): 1,
+    ("docs/api.md", "KDA: chunk_kda, kda_kcp and naive_kda_recurrence"): 1,
     ("docs/compile.md", "torch.compile and CUDA graphs"): 2,
     ("docs/compile.md", "Lowering: the traced host path"): 1,  # tests/test_inductor_lowering.py
     ("docs/compile.md", "Activation checkpointing under torch.compile"): 1,
@@ -39,6 +40,12 @@ def test_fla_call_block():
     ns = run_block("README.md", "The FLA-style call")
     assert ns["o"].shape == (1, 1000, 4, 128) and ns["final_state"].shape == (3, 4, 128, 128)
     assert ns["v"].grad is not None
+
+
+def test_kda_block():
+    ns = run_block("docs/api.md", "KDA: chunk_kda, kda_kcp and naive_kda_recurrence")
+    assert ns["o"].shape == (1, 100, 4, 64) and ns["s"].shape == (2, 4, 64, 64)
+    assert torch.isfinite(ns["o"]).all()
 
 
 def test_layer_block():

@@ -5,7 +5,7 @@ A KDA call runs GDN's host path with a gate per key channel
 query on those options: the same arguments, the same truth. What differs is
 one pool, the gate-cumsum gradient ``dgcum`` (``[T, HV, K]`` against
 ``[T, HV]``, compute dtype); the summaries, states, tapes and traffic have
-GDN's shapes (``M`` is K x K either way, DESIGN.md §2b).
+GDN's shapes (``M`` is K x K either way, docs/design.md).
 
     kda_workspace_bytes_kcp(ctx, 16, 32, 128, 128, dtype=torch.bfloat16)
 """

@@ -1,4 +1,4 @@
-"""Per-channel decays inside a chunk: the intra-chunk products of KDA (DESIGN.md §2b).
+"""Per-channel decays inside a chunk: the intra-chunk products of KDA (docs/design.md, "KDA").
 
 With a gate per key channel, a pair of rows ``j <= i`` of a chunk decays by
 ``exp(Γ_i - Γ_j)`` (``[K]``), so the chunk's scores are no longer a product

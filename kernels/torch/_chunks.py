@@ -127,7 +127,7 @@ class ChunkGates(NamedTuple):
     hard reset (``g = -inf``) gives an exact zero decay and no ``-inf - -inf``,
     and a strong gate (``g = -1e4``) never cancels against a later one in fp32.
     A gate per value head (GDN) has the shapes below; a gate per key channel
-    (KDA, DESIGN.md §2b) has a trailing ``K`` on each (``[NC, H, C, K]``)."""
+    (KDA, docs/design.md) has a trailing ``K`` on each (``[NC, H, C, K]``)."""
 
     g: torch.Tensor  # [NC, H, C] per-token gate, padded rows 0
     cum: torch.Tensor  # [NC, H, C] G_i = sum_{l <= i} g_l; padded rows hold G_C, so exp(cum[..., -1]) = gamma_C
