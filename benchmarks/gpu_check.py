@@ -40,6 +40,7 @@ STAGES = {  # name: (module, cap in seconds on the GPU, in --quick)
     "segments": ("gpu_stages", 35, False),
     "decode": ("gpu_stages", 20, False),
     "profile": ("gpu_stages", 20, False),
+    "cute": ("gpu_stages", 45, False),  # CuTe DSL programs, not yet run on a GPU: last, its own cap (4 compiles)
 }
 """The most important first: a run out of time loses the last."""
 
@@ -55,6 +56,7 @@ REQUIRED = {
     "segments": (),
     "decode": ("decode_vs_full_relative_rms", "decode_step_ms"),
     "profile": ("kernel_ms", "kernel_tflops"),
+    "cute": ("compile", "max_relative_error", "ms", "limit", "pass"),
 }
 """The keys each stage's results must hold once it has run (a stage stopped
 at its cap is "incomplete" with the ones it lacks)."""

@@ -4,6 +4,8 @@ ratio is measured in this run against a baseline in this run."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from gpu_common import Setup, forward_backward_ms, leaves, rel_rms, timed
 
@@ -331,3 +333,88 @@ def decode(results, s: Setup):
                 lambda: theirs(token, use_cache=False, past_key_values=fla_cache)[0], s.device, **repeats)
     except Exception as error:  # noqa: BLE001 - FLA's layers (flash-linear-attention, transformers) absent
         results["fla_error"] = f"{type(error).__name__}: {error}"
+
+
+CUTE_CASES = ((torch.bfloat16, 128), (torch.float16, 128), (torch.bfloat16, 64), (torch.float16, 64))
+"""(dtype, K = V) of the cute stage: the shapes the CuTe programs are compiled and checked for (docs/cute.md)."""
+
+
+def cute(results, s: Setup):
+    """The CuTe DSL programs (``scores``, ``w_u``) against their torch twins at
+    the programs stage's case, in bf16 and fp16 at K = V = 128 and 64 (relative
+    max error, the Triton programs' limit), and their milliseconds against the
+    Triton programs' in this run. A failing case is recorded and the next one
+    runs. The dry run (no GPU) compiles scores for sm_90a and reports its facts."""
+    for key, value in (("compile", {}), ("max_relative_error", {}), ("ms", {}), ("limit", 1e-2), ("pass", None)):
+        results[key] = value
+    try:
+        from gdn_kcp.kernels.cute import compile_facts
+    except ImportError as error:  # the wheel is not installed: nothing to judge
+        results["skipped"] = f"nvidia-cutlass-dsl does not import: {error}"
+        return
+    if not s.cuda:
+        facts = compile_facts.compile_facts("scores", torch.bfloat16, 64)
+        results["compile"] = {"scores bfloat16 64": dataclasses.asdict(facts)}
+        return
+    verdicts = []
+    for dtype, D in CUTE_CASES:
+        name = f"{str(dtype).removeprefix('torch.')} {D}"
+        try:
+            errors, ms = cute_case(s, dtype, D)
+        except Exception as error:  # noqa: BLE001 - a failing case is a result; the others still run
+            results["max_relative_error"] = {**results["max_relative_error"], name: f"{type(error).__name__}: {error}"}
+            verdicts.append(False)
+            continue
+        results["max_relative_error"] = {**results["max_relative_error"], name: errors}
+        results["ms"] = {**results["ms"], name: ms}
+        verdicts.append(all(e < results["limit"] for e in errors.values()))
+    results["pass"] = all(verdicts)
+
+
+def cute_case(s: Setup, dtype: torch.dtype, D: int) -> tuple[dict, dict]:
+    """One case: the twin's and the CuTe program's outputs on the same inputs
+    (w_u from the torch prep's A), and the CuTe and Triton programs' times."""
+    import importlib
+
+    from gdn_kcp.kernels import CHUNK_SIZE
+    from gdn_kcp.kernels import torch as torch_programs
+    from gdn_kcp.kernels import triton as triton_programs
+    from gdn_kcp.kernels.twin_check import CaseSetup
+
+    cute_scores = importlib.import_module("gdn_kcp.kernels.cute.scores").scores
+    cute_w_u = importlib.import_module("gdn_kcp.kernels.cute.w_u").w_u
+    H_qk, HV, _, _ = s.dims
+    case = CaseSetup(s.truncated(PROGRAMS_T), H_qk, HV, D, D, dtype, seed=1, l2=True, crossing=True,
+                     device=str(s.device), capped=False)
+    T, q, k, v, g, beta, index = case.T, case.q, case.k, case.v, case.g, case.beta, case.index
+    norms = dict(q_rstd=case.new(T, H_qk), k_rstd=case.new(T, H_qk))
+    A, w, u = case.new(T, HV, CHUNK_SIZE, pool="A"), case.new(T, HV, D, pool="w"), case.new(T, HV, D, pool="v_new")
+    torch_programs.prep(q, k, v, g, beta, index, A_out=A, w_out=w, u_out=u, q_rstd_out=norms["q_rstd"],
+                        k_rstd_out=norms["k_rstd"])
+
+    scores_out, w_out, u_out = case.new(T, HV, CHUNK_SIZE, pool="scores"), torch.zeros_like(w), torch.zeros_like(u)
+
+    def run_scores(programs_scores):
+        programs_scores(q, k, g, index, scores_out=scores_out, **norms)
+        return scores_out.clone()
+
+    def run_w_u(programs_w_u):
+        programs_w_u(k, v, g, beta, A, index, k_rstd=norms["k_rstd"], w_out=w_out, u_out=u_out)
+        return w_out.clone(), u_out.clone()
+
+    def launch_scores(programs_scores):  # the launch alone: outputs written in place
+        return lambda: programs_scores(q, k, g, index, scores_out=scores_out, **norms)
+
+    def launch_w_u(programs_w_u):
+        return lambda: programs_w_u(k, v, g, beta, A, index, k_rstd=norms["k_rstd"], w_out=w_out, u_out=u_out)
+
+    def error(ours, twin):
+        return ((ours.double() - twin.double()).abs().max() / twin.double().abs().max()).item()
+    errors = {"scores": error(run_scores(cute_scores), run_scores(torch_programs.scores))}
+    (w_cute, u_cute), (w_twin, u_twin) = run_w_u(cute_w_u), run_w_u(torch_programs.w_u)
+    errors.update(w=error(w_cute, w_twin), u=error(u_cute, u_twin))
+    ms = {"scores": {"cute": timed(launch_scores(cute_scores), s.device),
+                     "triton": timed(launch_scores(triton_programs.scores), s.device)},
+          "w_u": {"cute": timed(launch_w_u(cute_w_u), s.device),
+                  "triton": timed(launch_w_u(triton_programs.w_u), s.device)}}
+    return errors, ms

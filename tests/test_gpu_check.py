@@ -127,3 +127,14 @@ def test_a_cuda_graph_skip_is_reported_with_its_reason():
     counters = gpu_capture.compile_counters()
     assert counters["cudagraph_skips"] == 1
     assert counters["cudagraph_skip_reasons"] == ["skipping cudagraphs due to mutated inputs (1 instances)"]
+
+
+def test_the_dry_run_compiles_a_cute_program_and_gives_no_verdict(dry_run):
+    """On the CPU the cute stage compiles scores for sm_90a (wgmma, no spill)
+    and judges nothing: only a GPU can run the CuTe programs."""
+    results = dry_run["stages"]["cute"]["results"]
+    if "skipped" in results:
+        pytest.skip(results["skipped"])
+    (facts,) = results["compile"].values()
+    assert facts["arch"] == "sm_90a" and facts["wgmma_count"] > 0 and facts["local_bytes"] == 0, facts
+    assert results["pass"] is None and results["max_relative_error"] == {} and results["ms"] == {}
