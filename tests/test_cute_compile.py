@@ -22,7 +22,7 @@ cute = pytest.importorskip("cutlass.cute")
 from doc_tables import table_rows  # noqa: E402
 
 from gdn_kcp.host.programs import load_programs, use_programs  # noqa: E402
-from gdn_kcp.kernels import CHUNK_SIZE  # noqa: E402
+from gdn_kcp.kernels import CHUNK_SIZE, ChunkIndex  # noqa: E402
 from gdn_kcp.kernels.cute import compile_facts as facts_module  # noqa: E402
 from gdn_kcp.kernels.cute.launch import fake_arguments  # noqa: E402
 from gdn_kcp.kernels.twin_check import CaseSetup  # noqa: E402
@@ -149,3 +149,29 @@ def test_the_package_does_not_import_the_dsl():
     code = ("import sys, gdn_kcp, gdn_kcp.kernels.triton, gdn_kcp.host.programs; "
             "sys.exit('cutlass' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def layout_text(t) -> str:
+    """``(shape),(stride)`` of a fake or runtime DSL tensor, symbolic entries as ``?``."""
+    text = str(t.type if hasattr(t, "type") else t)
+    text = re.sub(r"\{[^}]*\}", "", text).replace(" ", "").replace("):(", "),(")
+    return re.search(r"\(([^()]*)\),\(([^()]*)\)", text).group(0)
+
+
+def test_runtime_tensors_have_the_compiled_layouts():
+    """What a GPU call passes (``from_dlpack``, symbolic dims marked dynamic) has
+    the dtypes, shapes and strides the program was compiled against."""
+    from gdn_kcp.kernels.cute.launch import runtime_arguments
+
+    case, b = twin_buffers(torch.bfloat16, 64)
+    real = {name: torch.zeros(x.shape, dtype=x.dtype) for name, x in b.items()}
+    inputs = [torch.zeros(x.shape, dtype=x.dtype) for x in (case.q, case.k, case.v, case.g, case.beta)]
+    q, k, v, g, beta = inputs
+    index = ChunkIndex.from_fragments([0, 70, case.T])  # the twin case's fragments, on the CPU
+    launches = [CUTE_SCORES.plan(q, k, g, index, q_rstd=real["rstd"], k_rstd=real["rstd"], scores_out=real["scores"]),
+                CUTE_PREP.plan(k, v, g, beta, real["A"], index, k_rstd=real["rstd"], w_out=real["w"],
+                               u_out=real["u"])]
+    for launch in launches:
+        for name, fake, runtime in zip(launch.names, fake_arguments(launch), runtime_arguments(launch)):
+            assert runtime.element_type == fake.element_type, name
+            assert layout_text(runtime) == layout_text(fake), name
