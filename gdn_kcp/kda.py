@@ -34,6 +34,7 @@ from gdn_kcp.fla_compat import states_v_first as swap_state_layout
 from gdn_kcp.gates import InKernelGate, check_head_vector
 from gdn_kcp.kernels.precision import accumulator_dtype
 from gdn_kcp.options import OptionsKcp
+from gdn_kcp.recurrent import recurrent_op
 from gdn_kcp.workspace import WorkspaceKcp
 from gdn_kcp.validate import check_flag, check_float_dtype, check_gdn_inputs, check_tensor
 
@@ -254,3 +255,73 @@ def kda_kcp(
                    output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                    options=replace(options or OptionsKcp(), gate="channel"), workspace=workspace,
                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+
+
+def fused_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA token by token (decode and short prompts), forward only:
+    flash-linear-attention's ``fused_recurrent_kda`` (same positional order and
+    keywords; ``dt_bias`` ``[HV * K]`` as its kernel reads it). ``beta`` is
+    ``[B, T, HV]`` or, per value channel, ``[B, T, HV, V]`` (FLA's head-wise
+    beta). The math, layouts and dtypes are :func:`chunk_kda`'s, to rounding;
+    a backward through it raises ``NotImplementedError`` (train with
+    :func:`chunk_kda`).
+
+    Example::
+
+        o, state = fused_recurrent_kda(q, k, v, -torch.rand(2, 1, 4, 64), beta, initial_state=state,
+                                       output_final_state=True)
+    """
+    state_v_first = fla_keywords(state_v_first, dict(kwargs), fn="fused_recurrent_kda")
+    beta_mode = check_kda_gate(g, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                               use_gate_in_kernel=use_gate_in_kernel, safe_gate=False,
+                               use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                               allow_neg_eigval=allow_neg_eigval)
+    per_value_beta = isinstance(beta, torch.Tensor) and isinstance(v, torch.Tensor) and beta.dim() == v.dim() == 4
+    if per_value_beta and beta.shape != v.shape:
+        raise ValueError(f"a per-channel beta must have v's shape [B, T, HV, V] = {tuple(v.shape)}, "
+                         f"got {tuple(beta.shape)}")
+    dims, _ = check_gdn_inputs(q, k, v, g, beta[..., 0] if per_value_beta else beta, scale=scale,
+                               initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=state_v_first,
+                               gate="channel")
+    _check_device(q)
+    check_flag("output_final_state", output_final_state)
+    check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    if state_v_first:
+        initial_state = swap_state_layout(initial_state)
+    if use_gate_in_kernel:
+        g = kda_gate(g, A_log, dt_bias, lower_bound)
+    BT = dims.B * dims.T
+    if cu_seqlens is None:
+        doc_bounds = torch.arange(dims.B + 1, dtype=torch.int64, device=q.device) * dims.T
+    else:
+        doc_bounds = cu_seqlens.to(q.device, torch.int64)
+    beta_shape = (BT, dims.HV, dims.V) if per_value_beta else (BT, dims.HV)
+    o, final_state = recurrent_op(
+        q.reshape(BT, dims.H_qk, dims.K), k.reshape(BT, dims.H_qk, dims.K), v.reshape(BT, dims.HV, dims.V),
+        g.reshape(BT, dims.HV, dims.K), beta.reshape(beta_shape), None, doc_bounds, initial_state,
+        float(dims.K**-0.5 if scale is None else scale), use_qk_l2norm_in_kernel,
+        beta_mode is not None, 1.0 if beta_mode is None else beta_mode.beta_scale)
+    if not output_final_state:
+        final_state = None
+    elif state_v_first:
+        final_state = swap_state_layout(final_state).contiguous()
+    return o.view(dims.B, dims.T, dims.HV, dims.V), final_state

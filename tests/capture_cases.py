@@ -11,7 +11,7 @@ from gdn_layer import KcpLayer, loss_and_grads
 from torch import nn
 from torch._dynamo.utils import counters
 
-from gdn_kcp import OptionsKcp, WorkspaceKcp, build_kcp_context, chunk_gated_delta_rule
+from gdn_kcp import OptionsKcp, WorkspaceKcp, build_kcp_context, chunk_gated_delta_rule, chunk_kda
 
 T_GLOBAL = 200
 MAX_DOCS = 6
@@ -32,22 +32,24 @@ LENGTHS_SEEN = len({len(bounds) for bounds in FLAT_PACKINGS})
 
 
 class FlatLayer(nn.Module):
-    """Projections and chunk_gated_delta_rule over a packed batch (the FLA entry)."""
+    """Projections and chunk_gated_delta_rule over a packed batch (the FLA entry;
+    ``kda``: chunk_kda, a gate per key channel)."""
 
-    def __init__(self, d_model=32, H=2, K=16, V=16):
+    def __init__(self, d_model=32, H=2, K=16, V=16, kda=False):
         super().__init__()
-        self.H, self.K, self.V = H, K, V
+        self.H, self.K, self.V, self.kda = H, K, V, kda
         self.qkv = nn.Linear(d_model, H * (2 * K + V))
-        self.gates = nn.Linear(d_model, 2 * H)
+        self.gates = nn.Linear(d_model, H * (K if kda else 1) + H)
         self.out = nn.Linear(H * V, d_model)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         T, H, K, V = x.shape[1], self.H, self.K, self.V
         q, k, v = self.qkv(x).split([H * K, H * K, H * V], dim=-1)
-        gate, beta = self.gates(x).chunk(2, dim=-1)
-        o, _ = chunk_gated_delta_rule(q.view(1, T, H, K), k.view(1, T, H, K), v.view(1, T, H, V),
-                                      nn.functional.logsigmoid(gate + 3.0), beta.sigmoid(),
-                                      cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True)
+        gate, beta = self.gates(x).split([self.gates.out_features - H, H], dim=-1)
+        gate = nn.functional.logsigmoid(gate + 3.0)
+        o, _ = (chunk_kda if self.kda else chunk_gated_delta_rule)(
+            q.view(1, T, H, K), k.view(1, T, H, K), v.view(1, T, H, V), gate.view(1, T, H, K) if self.kda else gate,
+            beta.sigmoid(), cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True)
         return self.out(o.flatten(2))
 
 
@@ -77,12 +79,12 @@ def check_steps(run_step, packings) -> None:
         torch.compiler.set_stance("default")
 
 
-def flat_loop(cu_length: int | None = MAX_DOCS + 1) -> int:
+def flat_loop(cu_length: int | None = MAX_DOCS + 1, kda: bool = False) -> int:
     """The FLA entry, compiled once: ``cu_seqlens`` of ``cu_length`` entries
     (trailing repeats of T), or of each packing's own length (None). Returns
     the graph count."""
     torch.manual_seed(0)
-    layer = FlatLayer().double()
+    layer = FlatLayer(kda=kda).double()
     compiled = torch.compile(layer, fullgraph=True)
     x = torch.randn(1, T_GLOBAL, 32, dtype=torch.float64)
 
@@ -104,16 +106,16 @@ def flat_loop(cu_length: int | None = MAX_DOCS + 1) -> int:
     return graphs()
 
 
-def kcp_loop(rank: int = 0, R: int = 1) -> None:
-    """gdn_kcp compiled once over capped contexts built per step, with a held
-    workspace made once; on every rank of the group."""
+def kcp_loop(rank: int = 0, R: int = 1, kda: bool = False) -> None:
+    """gdn_kcp (``kda``: kda_kcp) compiled once over capped contexts built per
+    step, with a held workspace made once; on every rank of the group."""
     rng = random.Random(1)
-    options = OptionsKcp(use_qk_l2norm=True)
+    options = OptionsKcp(use_qk_l2norm=True, gate="channel" if kda else "head")
     packings = [random_packing(rng) for _ in range(STEPS)]
     first_ctx = build_kcp_context(packings[0], max_docs=MAX_DOCS)
     workspace = WorkspaceKcp(first_ctx, 2, 4, 16, 16, dtype=torch.float64, options=options)
     torch.manual_seed(0)
-    layer = KcpLayer(first_ctx, options=options, workspace=workspace).double()
+    layer = KcpLayer(first_ctx, options=options, workspace=workspace, kda=kda).double()
     compiled = torch.compile(layer, fullgraph=True)
     x_all = torch.randn(1, T_GLOBAL, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
 

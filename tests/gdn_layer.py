@@ -5,28 +5,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gdn_kcp import OptionsKcp, gdn_kcp
+from gdn_kcp import OptionsKcp, gdn_kcp, kda_kcp
 
 
 class KcpLayer(nn.Module):
-    """Projections, gdn_kcp on this rank's tokens, output projection."""
+    """Projections, gdn_kcp on this rank's tokens, output projection
+    (``kda``: kda_kcp, a gate per key channel)."""
 
-    def __init__(self, ctx, *, d_model=32, H_qk=2, HV=4, K=16, V=16, options=None, workspace=None):
+    def __init__(self, ctx, *, d_model=32, H_qk=2, HV=4, K=16, V=16, options=None, workspace=None, kda=False):
         super().__init__()
         self.ctx, self.options, self.workspace = ctx, options or OptionsKcp(use_qk_l2norm=True), workspace
-        self.H_qk, self.HV, self.K, self.V = H_qk, HV, K, V
+        self.H_qk, self.HV, self.K, self.V, self.kda = H_qk, HV, K, V, kda
         self.qkv = nn.Linear(d_model, 2 * H_qk * K + HV * V)
-        self.gates = nn.Linear(d_model, 2 * HV)
+        self.gates = nn.Linear(d_model, HV * (K if kda else 1) + HV)
         self.out = nn.Linear(HV * V, d_model)
 
     def forward(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
         """``ctx``: this step's context (default: the one the layer was made with)."""
         T = x.shape[1]
         q, k, v = self.qkv(x).split([self.H_qk * self.K, self.H_qk * self.K, self.HV * self.V], dim=-1)
-        gate, beta = self.gates(x).chunk(2, dim=-1)
-        o, _ = gdn_kcp(
+        gate, beta = self.gates(x).split([self.gates.out_features - self.HV, self.HV], dim=-1)
+        gate = nn.functional.logsigmoid(gate + 3.0)
+        o, _ = (kda_kcp if self.kda else gdn_kcp)(
             q.view(1, T, self.H_qk, self.K), k.view(1, T, self.H_qk, self.K), v.view(1, T, self.HV, self.V),
-            nn.functional.logsigmoid(gate + 3.0), beta.sigmoid(), self.ctx if ctx is None else ctx,
+            gate.view(1, T, self.HV, self.K) if self.kda else gate, beta.sigmoid(), self.ctx if ctx is None else ctx,
             options=self.options, workspace=self.workspace,
         )
         return self.out(o.flatten(2))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 import torch.utils.checkpoint
-from gdn_inputs import make_inputs, rel_rms
+from dataclasses import replace
+
+from gdn_inputs import channel_gates, make_inputs, rel_rms
 from gdn_layer import layer_and_input, loss_and_grads
 
 import gdn_kcp.ops  # noqa: F401  (registers the ops)
@@ -22,15 +24,22 @@ OPTION_SETS = [
 ]
 
 
-def opcheck_both_ops(rank: int = 0, R: int = 1) -> None:
+def opcheck_both_ops(rank: int = 0, R: int = 1, kda: bool = False) -> None:
+    """``kda``: a gate per key channel (g ``[T, HV, K]``, options with ``gate="channel"``)."""
     ctx = build_kcp_context(BOUNDS)
     start, end = ctx.rank_ranges[ctx.rank]
-    q, k, v, g, beta = [x[0, start:end].float() for x in make_inputs(BOUNDS[-1], 1, 2, 16, 8, l2=True)]
+    inputs = make_inputs(BOUNDS[-1], 1, 2, 16, 8, l2=True)
+    if kda:
+        inputs[3] = channel_gates(inputs[3], 16, 0)
+    q, k, v, g, beta = [x[0, start:end].float() for x in inputs]
     T = end - start
     shapes = (1, 2, 16, 8)
-    # the in-kernel gate and beta (g, beta raw; [2, HV] gate parameters) on the first option set
-    gates = [(torch.tensor([[-0.5, -2.0], [0.3, -1.0]]), True, 2.0)] + [(None, False, 1.0)] * len(OPTION_SETS)
+    # the in-kernel gate and beta (g, beta raw; [2, HV] gate parameters) on the first option set; KDA's gate is
+    # computed ahead of the ops, its beta in them
+    first = (None, True, 2.0) if kda else (torch.tensor([[-0.5, -2.0], [0.3, -1.0]]), True, 2.0)
+    gates = [first] + [(None, False, 1.0)] * len(OPTION_SETS)
     for options, gate in zip([OPTION_SETS[0], *OPTION_SETS], gates):
+        options = replace(options, gate="channel") if kda else options
         meta = ctx.meta
         with_states = R == 1  # initial and final states: one rank holds every document
         state0 = torch.randn(ctx.n_docs, 2, 16, 8) if with_states else None
@@ -49,9 +58,9 @@ def opcheck_both_ops(rank: int = 0, R: int = 1) -> None:
         torch.library.opcheck(torch.ops.gdn_kcp.bwd.default, bargs)
 
 
-def compiled_equals_eager(rank: int = 0, R: int = 1) -> None:
+def compiled_equals_eager(rank: int = 0, R: int = 1, kda: bool = False) -> None:
     ctx = build_kcp_context(BOUNDS)
-    layer, x = layer_and_input(ctx)
+    layer, x = layer_and_input(ctx, kda=kda)
     y_eager, g_eager = loss_and_grads(layer, layer, x)
     for dynamic in (False, True):
         torch._dynamo.reset()
@@ -63,9 +72,9 @@ def compiled_equals_eager(rank: int = 0, R: int = 1) -> None:
             assert rel_rms(a, b) < 1e-5, (rank, dynamic, rel_rms(a, b))
 
 
-def checkpoint_equals_plain(rank: int = 0, R: int = 1) -> None:
+def checkpoint_equals_plain(rank: int = 0, R: int = 1, kda: bool = False) -> None:
     ctx = build_kcp_context(BOUNDS)
-    layer, x = layer_and_input(ctx)
+    layer, x = layer_and_input(ctx, kda=kda)
     y_plain, g_plain = loss_and_grads(layer, layer, x)
     y, grads = loss_and_grads(
         lambda inp: torch.utils.checkpoint.checkpoint(layer, inp, use_reentrant=False), layer, x
@@ -75,7 +84,7 @@ def checkpoint_equals_plain(rank: int = 0, R: int = 1) -> None:
         assert torch.equal(a, b), rank
 
 
-def all_op_checks(rank: int, R: int) -> None:
-    opcheck_both_ops(rank, R)
-    compiled_equals_eager(rank, R)
-    checkpoint_equals_plain(rank, R)
+def all_op_checks(rank: int, R: int, kda: bool = False) -> None:
+    opcheck_both_ops(rank, R, kda)
+    compiled_equals_eager(rank, R, kda)
+    checkpoint_equals_plain(rank, R, kda)

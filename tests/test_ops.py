@@ -51,15 +51,15 @@ class WorkspaceAllocations(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def training_step(caller_workspace: bool, bounds=(0, 50, 50, 130), max_docs=None) -> tuple[dict, list]:
+def training_step(caller_workspace: bool, bounds=(0, 50, 50, 130), max_docs=None, kda=False) -> tuple[dict, list]:
     """Peak memory of one training step (forward, backward, optimizer) as
     MemTracker sees it, and the workspaces allocated in it; the same code runs
-    real or under FakeTensorMode."""
+    real or under FakeTensorMode. ``kda``: the layer runs kda_kcp."""
     torch.manual_seed(0)
     ctx = build_kcp_context(list(bounds), max_docs=max_docs)  # a list: no tensor data read under fake mode
-    options = OptionsKcp(use_qk_l2norm=True)
+    options = OptionsKcp(use_qk_l2norm=True, gate="channel" if kda else "head")
     workspace = WorkspaceKcp(ctx, 2, 4, 16, 16, options=options) if caller_workspace else None
-    layer = KcpLayer(ctx, options=options, workspace=workspace)
+    layer = KcpLayer(ctx, options=options, workspace=workspace, kda=kda)
     optimizer = torch.optim.AdamW(layer.parameters())
     x = torch.randn(1, 130, 32)
     tracker = MemTracker()

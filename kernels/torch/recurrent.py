@@ -1,8 +1,8 @@
 """The token-by-token recurrence (decode and short prompts): one step per
 token of each document, from its initial state, in the compute dtype:
 
-    S_t = exp(g_t) S_{t-1}
-    u_t = beta_t (v_t - S_t^T k_t)
+    S_t = exp(g_t) S_{t-1}              (KDA: Diag(exp(g_t)) S_{t-1})
+    u_t = beta_t (v_t - S_t^T k_t)      (beta_t a scalar, or per value channel)
     S_t = S_t + k_t u_t^T
     o_t = scale S_t^T q_t
 
@@ -33,7 +33,9 @@ def _normed(x: torch.Tensor, on: bool) -> torch.Tensor:
 def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *, o_out, state_out, use_qk_l2norm,
               beta_mode) -> None:
     """q, k ``[BT, H_qk, K]``; v ``[BT, HV, V]``; g, beta ``[BT, HV]`` (raw
-    inputs under an in-kernel gate / beta sigmoid); gate_params ``[2, HV]``
+    inputs under an in-kernel gate / beta sigmoid; KDA: g ``[BT, HV, K]``, a
+    decay per key row of the state, and beta ``[BT, HV]`` or per value
+    channel ``[BT, HV, V]``); gate_params ``[2, HV]``
     (``-exp(A_log)``, ``dt_bias``) or None; doc_bounds ``[N + 1]`` int64, the
     documents' token bounds; initial_state ``[N, HV, K, V]`` or None (zeros).
     ``beta_mode`` is ``(sigmoid, scale)``. Writes o_out ``[BT, HV, V]`` (its
@@ -55,8 +57,9 @@ def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *
         if gate_params is not None:
             g_t = gate_params[0].to(cdt) * F.softplus(g_t + gate_params[1].to(cdt))
         b_t = beta_scale * (torch.sigmoid(b_t) if sigmoid else b_t)
-        decayed = torch.exp(g_t)[..., None, None] * state
-        u_t = b_t[..., None] * (_rows(v, rows, cdt) - torch.einsum("nhk,nhkv->nhv", k_t, decayed))
+        decayed = (torch.exp(g_t)[..., None] if g_t.dim() == 3 else torch.exp(g_t)[..., None, None]) * state
+        residual = _rows(v, rows, cdt) - torch.einsum("nhk,nhkv->nhv", k_t, decayed)
+        u_t = (b_t if b_t.dim() == 3 else b_t[..., None]) * residual
         stepped = decayed + k_t[..., None] * u_t[..., None, :]
         state.copy_(torch.where(live[:, None, None, None], stepped, state))
         o_t = scale * torch.einsum("nhk,nhkv->nhv", q_t, stepped)
