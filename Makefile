@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test precision bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check gpu-check clean
+.PHONY: demo test precision bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check fla-kda-suite gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,17 @@ roofline-facts: $(VENV)/.test
 	&& $(PIP) install -q --no-deps --target $$D/triton triton==3.6.0 \
 	&& TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$D/cache \
 	$(PY) benchmarks/roofline.py --refresh-facts --fla-site $$D/fla --triton-site $$D/triton --calibration
+
+# Not CI: flash-linear-attention's own tests/ops/test_kda.py on the CPU with our chunk_kda and fused_recurrent_kda
+# swapped in (tools/fla_kda_swap.py), FLA's torch references the oracle. FLA's tests are not in its package:
+# FLA_TESTS is the file from a checkout (default: downloaded at the commit read here). fla-core 0.6.0 and einops
+# come from the package index into a temporary folder.
+FLA_KDA_TESTS_URL = https://raw.githubusercontent.com/fla-org/flash-linear-attention/bc3b101dcb713ddc5bd8924b66754eb68b5ccf89/tests/ops/test_kda.py
+fla-kda-suite: $(VENV)/.test
+	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D fla-core==0.6.0 einops==0.8.2 \
+	&& if [ -n "$(FLA_TESTS)" ]; then cp "$(FLA_TESTS)" $$D/test_kda.py; else curl -sSfL -o $$D/test_kda.py $(FLA_KDA_TESTS_URL); fi \
+	&& cd $$D && env -u FLA_CI_ENV PYTHONPATH=$$D:$(CURDIR)/tools OMP_NUM_THREADS=1 $(abspath $(PY)) -m pytest \
+	-p fla_kda_swap -q -rfEX -p no:cacheprovider -W ignore::DeprecationWarning test_kda.py
 
 # Not CI: flash-linear-attention 0.5.1's own GatedDeltaNet layer (its Triton kernels under triton 3.6's
 # interpreter) against ours with the same state dict: training forward and gradients, cu_seqlens, padding

@@ -1,5 +1,7 @@
 """Forward + backward time of the chunked CPU path against the naive recurrence,
-measured in the same run, at T = 4096, HV = 4, K = V = 128 (fp32, one document).
+measured in the same run, at T = 4096, HV = 4, K = V = 128 (fp32, one document);
+and KDA's chunked path (a gate per key channel, ``chunk_kda``) against GDN's at
+the same shape in the same run (the ratio KDA / GDN; the target is at most 3).
 
     python benchmarks/cpu_chunk.py [--tokens 4096] [--repeats 3] [--compiled]
 
@@ -23,7 +25,7 @@ import time
 import torch
 
 import gdn_kcp
-from gdn_kcp import chunk_gated_delta_rule, naive_recurrence
+from gdn_kcp import chunk_gated_delta_rule, chunk_kda, naive_recurrence
 
 
 def make_inputs(T: int, H_qk: int, HV: int, K: int, V: int) -> list[torch.Tensor]:
@@ -71,6 +73,16 @@ def main() -> None:
     print(f"chunked fwd+bwd: {t_chunk * 1e3:9.1f} ms  (best of {args.repeats})")
     print(f"naive   fwd+bwd: {t_naive * 1e3:9.1f} ms  (best of {naive_repeats})")
     print(f"speed-up (naive / chunked): {t_naive / t_chunk:.1f}x")
+    kda_inputs = [x.detach() for x in inputs]
+    gen = torch.Generator().manual_seed(1)  # each channel's gate a multiple (0.5 to 1.5) of its head's
+    kda_inputs[3] = kda_inputs[3][..., None] * (0.5 + torch.rand(K, generator=gen))
+    kda_inputs = [x.requires_grad_() for x in kda_inputs]
+
+    def kda(xs):
+        return chunk_kda(*xs, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)[0]
+
+    t_kda = time_fwd_bwd(kda, kda_inputs, args.repeats)
+    print(f"KDA chunked fwd+bwd: {t_kda * 1e3:9.1f} ms  (best of {args.repeats}; KDA / GDN: {t_kda / t_chunk:.2f}x)")
     if args.compiled:
         time_compiled(chunked, inputs, args.repeats, t_chunk)
 

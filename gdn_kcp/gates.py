@@ -54,13 +54,14 @@ class InKernelGate:
         return self.beta_sigmoid, self.beta_scale
 
 
-def gate_keywords(g, beta, *, A_log=None, dt_bias=None, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-                  allow_neg_eigval=False) -> InKernelGate | None:
-    """The checked keywords as an :class:`InKernelGate` (None when none is set).
-    ``g`` and ``beta`` are ``[..., HV]`` tensors (their own checks come later)."""
+def check_gate_flags(*, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                     **more_flags) -> None:
+    """FLA's checks of the gate and beta keywords that GDN's and KDA's entries
+    share: each flag a bool (``more_flags`` too), ``allow_neg_eigval`` only with
+    the beta sigmoid, ``A_log`` / ``dt_bias`` only with the gate in kernel."""
     for name, flag in (("use_gate_in_kernel", use_gate_in_kernel),
                        ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                       ("allow_neg_eigval", allow_neg_eigval)):
+                       ("allow_neg_eigval", allow_neg_eigval), *more_flags.items()):
         check_flag(name, flag)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in "
@@ -69,6 +70,14 @@ def gate_keywords(g, beta, *, A_log=None, dt_bias=None, use_gate_in_kernel=False
         for name, value in (("A_log", A_log), ("dt_bias", dt_bias)):
             if value is not None:
                 raise ValueError(f"{name} is only read with use_gate_in_kernel=True (g is then the raw gate input)")
+
+
+def gate_keywords(g, beta, *, A_log=None, dt_bias=None, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                  allow_neg_eigval=False) -> InKernelGate | None:
+    """The checked keywords as an :class:`InKernelGate` (None when none is set).
+    ``g`` and ``beta`` are ``[..., HV]`` tensors (their own checks come later)."""
+    check_gate_flags(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
     if not (use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval):
         return None
     for name, x in (("g", g), ("beta", beta)):

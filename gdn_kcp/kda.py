@@ -31,7 +31,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.fla_compat import check_cp_context, check_cu_seqlens_cpu, fla_keywords
 from gdn_kcp.fla_compat import states_v_first as swap_state_layout
-from gdn_kcp.gates import InKernelGate, check_head_vector
+from gdn_kcp.gates import InKernelGate, check_gate_flags, check_head_vector
 from gdn_kcp.kernels.precision import accumulator_dtype
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.recurrent import recurrent_op
@@ -66,23 +66,15 @@ def check_kda_gate(g: torch.Tensor, *, A_log, dt_bias, lower_bound, use_gate_in_
                    use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> InKernelGate | None:
     """FLA's refusals of KDA's gate and beta keywords, as ValueErrors that name
     the argument; returns the beta mode the programs compute (None without one)."""
-    for name, flag in (("use_gate_in_kernel", use_gate_in_kernel), ("safe_gate", safe_gate),
-                       ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                       ("allow_neg_eigval", allow_neg_eigval)):
-        check_flag(name, flag)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in "
-                         "flash-linear-attention): it doubles the sigmoid of the raw beta")
+    check_gate_flags(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                     safe_gate=safe_gate)
     if lower_bound is not None:
         if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)):
             raise TypeError(f"lower_bound must be a float or None, got {type(lower_bound).__name__}")
         if not lower_bound < 0:
             raise ValueError(f"lower_bound must be negative (a bound on the log decay), got {lower_bound}")
-    if not use_gate_in_kernel:
-        for name, value in (("A_log", A_log), ("dt_bias", dt_bias)):
-            if value is not None:
-                raise ValueError(f"{name} is only read with use_gate_in_kernel=True (g is then the raw gate input)")
-    else:
+    if use_gate_in_kernel:
         if A_log is None and lower_bound is None:
             raise ValueError("use_gate_in_kernel=True needs A_log [HV] (or lower_bound, which makes A_log optional)")
         if safe_gate and lower_bound is None:

@@ -1,7 +1,9 @@
 """The low-precision table: every output and gradient of GDN in fp16 and bf16
 against GDN in fp64 on the same rounded inputs, on flash-linear-attention's ``test_chunk``
 grid, the production head size at strong decay, a varlen packing and two KCP
-ranks (docs/testing.md, "The precision table").
+ranks (docs/testing.md, "The precision table"); and KDA's rows (``kda`` cases:
+a gate per key channel, FLA's KDA ``test_chunk`` grid, its gate in kernel with
+``dA`` and ``dbias``, the production head size at strong decay, two KCP ranks).
 
 A figure is FLA's error ratio, ``rms(ours - ref) / rms(ref)``, with the
 reference built as FLA's test builds it: inputs drawn from seed 42 in its
@@ -28,18 +30,22 @@ if __name__ == "__main__":  # before anything imports triton; a GPU run sets TRI
 import torch
 import torch.nn.functional as F
 
-from gdn_kcp import OptionsKcp, build_kcp_context, chunk_gated_delta_rule, gdn_kcp, naive_recurrence
+from gdn_kcp import (OptionsKcp, build_kcp_context, chunk_gated_delta_rule, chunk_kda, gdn_kcp, kda_gate, kda_kcp,
+                     naive_recurrence)
 from gdn_kcp.host.programs import use_programs
 
 NAMES = ("o", "ht", "dq", "dk", "dv", "db", "dg", "dh0")
+GATE_NAMES = ("dA", "dbias")
+"""The gate-in-kernel parameters' gradients of a KDA case with ``gate`` (FLA's ``dA``, ``dbias``)."""
 
 TOLERANCE = {
     # flash-linear-attention's own, tests/ops/test_gated_delta.py::test_chunk (fp16)
+    # (dA, dbias: tests/ops/test_kda.py::test_chunk)
     torch.float16: {"o": 0.005, "ht": 0.005, "dq": 0.008, "dk": 0.008, "dv": 0.008, "dh0": 0.008,
-                    "db": 0.02, "dg": 0.02},
-    # ours for bf16 (docs/testing.md, "The precision table")
+                    "db": 0.02, "dg": 0.02, "dA": 0.001, "dbias": 0.001},
+    # ours for bf16 (docs/testing.md, "The precision table"; dA, dbias one notch above fp16's)
     torch.bfloat16: {"o": 0.008, "ht": 0.008, "dq": 0.015, "dk": 0.015, "dv": 0.015, "dh0": 0.015,
-                     "db": 0.02, "dg": 0.02},
+                     "db": 0.02, "dg": 0.02, "dA": 0.002, "dbias": 0.002},
 }
 """Fixed limits of the error ratio, per dtype and tensor. Never re-measured to
 fit a change: a case that needs a wider one is a bug until shown otherwise."""
@@ -63,12 +69,19 @@ class Case:
     bounds: tuple[int, ...] | None = None  # documents of one packed row (B = 1)
     split: tuple[int, ...] | None = None  # KCP: the token bounds of each rank
     h0: bool = False  # a random initial state (FLA's grid: zeros)
+    kda: bool = False  # KDA: a gate per key channel (chunk_kda / kda_kcp)
+    gate: bool = False  # KDA's gate in kernel (A_log, dt_bias; raw g)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return NAMES + (GATE_NAMES if self.gate else ())
 
     @property
     def name(self) -> str:
         scale = "default" if self.scale is None else f"{self.scale:g}"
         name = (f"B{self.B} T{self.T} H{self.H} HV{self.HV} D{self.D} scale {scale} n {self.normalizer:g}"
-                f"{f' mask {self.mask_p:g}' if self.mask_p else ''}{' norm' if self.norm else ''}")
+                f"{f' mask {self.mask_p:g}' if self.mask_p else ''}{' norm' if self.norm else ''}"
+                f"{' kda' if self.kda else ''}{' gate' if self.gate else ''}")
         if self.bounds:
             name += f" docs {list(self.bounds)}"
         if self.split:
@@ -98,6 +111,25 @@ VARLEN = Case(1, 700, 2, 4, 128, None, 0.2, norm=True, bounds=(0, 300, 300, 700)
 KCP = Case(1, 700, 2, 4, 128, None, 0.2, norm=True, bounds=(0, 100, 700), split=(0, 330, 700), h0=True)
 """Two ranks, the second document crossing from rank 0 to rank 1."""
 GRID = FLA_GRID + PRODUCTION + (VARLEN, KCP)
+
+KDA_GRID = (
+    # flash-linear-attention, tests/ops/test_kda.py::test_chunk (the chunk_size=64 cases; fp16 or bf16 there)
+    Case(1, 63, 1, 1, 64, 1, 1, kda=True),
+    Case(2, 500, 3, 3, 60, 1, 1, kda=True),
+    Case(2, 1000, 3, 3, 64, 0.1, 1, mask_p=0.5, kda=True),
+    Case(3, 1024, 4, 4, 100, 1, 0.1, kda=True),
+    Case(4, 1024, 4, 4, 128, 0.1, 1, kda=True),
+    Case(4, 1024, 4, 4, 128, 0.1, 1, norm=True, kda=True),
+    Case(2, 1500, 4, 4, 128, 0.1, 10, kda=True, gate=True),
+    Case(4, 2048, 8, 8, 64, 0.1, 1, kda=True, gate=True),
+    Case(2, 1024, 2, 4, 64, 0.1, 1, kda=True),
+    Case(2, 1024, 2, 8, 64, 0.1, 1, kda=True, gate=True),
+    Case(2, 1024, 4, 8, 128, 0.1, 1, norm=True, kda=True, gate=True),
+) + tuple(Case(1, 2048, 2, 8, 128, None, n, norm=True, kda=True) for n in (1, 0.05)) + (
+    Case(1, 700, 2, 4, 128, None, 0.2, norm=True, bounds=(0, 100, 700), split=(0, 330, 700), h0=True, kda=True),
+)
+"""KDA's rows: FLA's KDA grid, the production head size at the default scale (normalizer 0.05: per-channel
+gates down to about -80 a token, the strong decay), and two KCP ranks."""
 
 TRITON_CASES = (
     Case(1, 256, 2, 8, 64, 1, 0.1, norm=True),
@@ -145,7 +177,9 @@ def fla_limit(case: Case, dtype: torch.dtype, name: str) -> float | None:
 
 
 def make_inputs(case: Case, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """FLA's test_chunk inputs (seed 42, its draw order), then dO and dht."""
+    """FLA's test_chunk inputs (seed 42, its draw order), then dO and dht. KDA:
+    g ``[B, T, HV, D]`` from a normal draw (FLA's KDA test), raw under the gate in
+    kernel (with A_log ``[HV]`` and dt_bias ``[HV * D]``)."""
     gen = torch.Generator().manual_seed(42)
     B, T, H, HV, D = case.B, case.T, case.H, case.HV, case.D
     x = {
@@ -154,7 +188,14 @@ def make_inputs(case: Case, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         "v": torch.rand(B, T, HV, D, generator=gen).to(dtype),
         "beta": torch.rand(B, T, HV, generator=gen).sigmoid(),
     }
-    g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / case.normalizer
+    if case.kda:
+        g = torch.randn(B, T, HV, D, generator=gen)
+        if case.gate:
+            x["A_log"], x["dt_bias"] = torch.randn(HV, generator=gen), torch.randn(HV * D, generator=gen)
+        else:
+            g = F.logsigmoid(g) / case.normalizer
+    else:
+        g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / case.normalizer
     x["g"] = g * (torch.rand(g.shape, generator=gen) > case.mask_p)
     N = B if case.bounds is None else len(case.bounds) - 1
     x["h0"] = torch.randn(N, HV, D, D, generator=gen) * 0.1 if case.h0 else torch.zeros(N, HV, D, D)
@@ -163,18 +204,24 @@ def make_inputs(case: Case, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return x
 
 
-LEAVES = ("q", "k", "v", "beta", "g", "h0")
-GRADS = ("dq", "dk", "dv", "db", "dg", "dh0")
+LEAVES = ("q", "k", "v", "beta", "g", "h0", "A_log", "dt_bias")
+GRADS = ("dq", "dk", "dv", "db", "dg", "dh0", "dA", "dbias")
 
 
 def _leaves(x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {n: x[n].clone().requires_grad_() for n in LEAVES}
+    return {n: x[n].clone().requires_grad_() for n in LEAVES if n in x}
 
 
 def _results(o, ht, leaves, x) -> dict[str, torch.Tensor]:
     loss = (o.double() * x["do"].double()).sum() + (ht.double() * x["dht"].double()).sum()
-    grads = torch.autograd.grad(loss, [leaves[n] for n in LEAVES])
-    return {"o": o.detach(), "ht": ht.detach(), **dict(zip(GRADS, grads))}
+    names = [n for n in LEAVES if n in leaves]
+    grads = torch.autograd.grad(loss, [leaves[n] for n in names])
+    return {"o": o.detach(), "ht": ht.detach(), **{GRADS[LEAVES.index(n)]: d for n, d in zip(names, grads)}}
+
+
+def _kda_keywords(case: Case, p: dict[str, torch.Tensor]) -> dict:
+    """chunk_kda's gate keywords of a case (the leaves A_log and dt_bias under the gate in kernel)."""
+    return dict(use_gate_in_kernel=True, A_log=p["A_log"], dt_bias=p["dt_bias"]) if case.gate else {}
 
 
 def _cu(case: Case) -> torch.Tensor | None:
@@ -188,9 +235,14 @@ def reference(case: Case, x: dict[str, torch.Tensor], *, naive: bool = False) ->
     runs the recurrence itself, 25 times slower here: 500 s for FLA's B4 T2048 case)."""
     p = _leaves(x)
     q, k = F.normalize(p["q"], p=2, dim=-1), F.normalize(p["k"], p=2, dim=-1)
-    args = [t.double() for t in (q, k, p["v"], p["g"], p["beta"])]
+    g = kda_gate(p["g"].double(), p["A_log"].double(), p["dt_bias"].double()) if case.gate else p["g"]
+    args = [t.double() for t in (q, k, p["v"], g, p["beta"])]
     keywords = dict(scale=case.scale, initial_state=p["h0"].double(), output_final_state=True, cu_seqlens=_cu(case))
-    if naive:
+    if case.kda:
+        assert not naive, "KDA's naive recurrence is checked in tests/test_kda.py"
+        with use_programs("cpu", "torch"):
+            o, ht = chunk_kda(*args, **keywords)
+    elif naive:
         o, ht = naive_recurrence(*args, **keywords)
     else:
         with use_programs("cpu", "torch"):
@@ -205,10 +257,10 @@ def ours(case: Case, x: dict[str, torch.Tensor], backend: str = "torch") -> dict
         return ours_on_ranks(case, x, backend)
     p = _leaves(x)
     q, k = (p["q"], p["k"]) if case.norm else (F.normalize(p["q"], p=2, dim=-1), F.normalize(p["k"], p=2, dim=-1))
+    entry, gate = (chunk_kda, _kda_keywords(case, p)) if case.kda else (chunk_gated_delta_rule, {})
     with use_programs("cpu", backend):  # the backward too: the backend is read at each call
-        o, ht = chunk_gated_delta_rule(q, k, p["v"], p["g"], p["beta"], scale=case.scale, initial_state=p["h0"],
-                                       output_final_state=True, use_qk_l2norm_in_kernel=case.norm,
-                                       cu_seqlens=_cu(case))
+        o, ht = entry(q, k, p["v"], p["g"], p["beta"], scale=case.scale, initial_state=p["h0"],
+                      output_final_state=True, use_qk_l2norm_in_kernel=case.norm, cu_seqlens=_cu(case), **gate)
         return _results(o, ht, p, x)
 
 
@@ -218,11 +270,12 @@ def _on_rank(rank: int, R: int, case: Case, x: dict[str, torch.Tensor], backend:
     gradients of those that start here; saved for the parent to assemble."""
     ctx = build_kcp_context(torch.tensor(case.bounds), rank_ranges=list(zip(case.split, case.split[1:])))
     start, end = ctx.rank_ranges[rank]
-    p = {n: (x[n][:, start:end] if n != "h0" else x[n][ctx.start_docs]).clone().requires_grad_() for n in LEAVES}
+    p = {n: (x[n][:, start:end] if n != "h0" else x[n][ctx.start_docs]).clone().requires_grad_()
+         for n in LEAVES[:6]}
     options = OptionsKcp(use_qk_l2norm=case.norm)
     with use_programs("cpu", backend):  # the backward too: the backend is read at each call
-        o, ht = gdn_kcp(p["q"], p["k"], p["v"], p["g"], p["beta"], ctx, options=options, scale=case.scale,
-                        initial_state=p["h0"], output_final_state=True)
+        o, ht = (kda_kcp if case.kda else gdn_kcp)(p["q"], p["k"], p["v"], p["g"], p["beta"], ctx, options=options,
+                                                   scale=case.scale, initial_state=p["h0"], output_final_state=True)
         mine = _results(o, ht, p, {"do": x["do"][:, start:end], "dht": x["dht"][ctx.end_docs]})
     torch.save({**mine, "end_docs": ctx.end_docs, "start_docs": ctx.start_docs}, os.path.join(out_dir, f"{rank}.pt"))
 
@@ -254,14 +307,14 @@ def figures(case: Case, dtype: torch.dtype, backend: str = "torch") -> dict[str,
     """``{name: (ratio, largest absolute error)}`` of every output and gradient."""
     x = make_inputs(case, dtype)
     mine, ref = ours(case, x, backend), reference(case, x)
-    return {name: error_ratio(mine[name], ref[name]) for name in NAMES}
+    return {name: error_ratio(mine[name], ref[name]) for name in case.names}
 
 
 def failures(case: Case, dtype: torch.dtype, found: dict[str, tuple[float, float]]) -> list[str]:
     """Every figure over its tolerance or over FLA's kernels' (a tensor within
     ABS_PASS of the reference passes)."""
     bad = []
-    for name in NAMES:
+    for name in case.names:
         ratio, largest = found[name]
         if largest <= ABS_PASS:
             continue
@@ -275,7 +328,10 @@ def failures(case: Case, dtype: torch.dtype, found: dict[str, tuple[float, float
 
 def row(case: Case, dtype: torch.dtype, backend: str, found: dict[str, tuple[float, float]]) -> str:
     cells = []
-    for name in NAMES:
+    for name in NAMES + (GATE_NAMES if case.kda else ()):
+        if name not in found:
+            cells.append("-")
+            continue
         ratio, largest = found[name]
         cell = f"{ratio * 1e3:.2f}" if largest > ABS_PASS else f"({ratio * 1e3:.2f})"
         figures = FLA_KERNEL_ERRORS.get((case, dtype))
@@ -285,20 +341,26 @@ def row(case: Case, dtype: torch.dtype, backend: str, found: dict[str, tuple[flo
 
 
 HEADER = ("| case | dtype | programs | " + " | ".join(NAMES) + " |\n|---|---|---|" + "---:|" * len(NAMES))
+KDA_HEADER = ("| case | dtype | programs | " + " | ".join(NAMES + GATE_NAMES) + " |\n|---|---|---|"
+              + "---:|" * len(NAMES + GATE_NAMES))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--triton", action="store_true", help="also the Triton programs (interpreter) on TRITON_CASES")
+    parser.add_argument("--kda", action="store_true", help="KDA's rows (KDA_GRID) instead of GDN's")
     args = parser.parse_args()
     print("Error ratios x 1e-3 (in parentheses: largest absolute error <= 1e-6, passes);"
           " '/ f': FLA's kernels' figure on the case")
-    print(HEADER)
     bad = 0
-    runs = [(c, d, "torch") for d in (torch.float16, torch.bfloat16) for c in GRID]
-    if args.triton:
+    runs = [(c, d, "torch") for d in (torch.float16, torch.bfloat16) for c in (() if args.kda else GRID)]
+    if args.triton and not args.kda:
         runs += [(c, d, "triton") for d in (torch.float16, torch.bfloat16) for c in TRITON_CASES]
-    for case, dtype, backend in runs:
+    if args.kda:  # not yet part of make precision: bf16 dA / dbias exceed their limit (docs/testing.md)
+        runs += [(c, d, "torch") for d in (torch.float16, torch.bfloat16) for c in KDA_GRID]
+    for i, (case, dtype, backend) in enumerate(runs):
+        if i == 0 or case.kda != runs[i - 1][0].kda:
+            print(KDA_HEADER if case.kda else HEADER)
         found = figures(case, dtype, backend)
         problems = failures(case, dtype, found)
         bad += bool(problems)
