@@ -37,7 +37,7 @@ class PinnedPrintouts(expecttest.TestCase):
     def test_summary(self):
         self.assertExpectedInline(budget(SMALL + " --layers 4"), """\
 budget: T = 1000 tokens in 3 documents over R = 3 ranks; H_qk = 2, HV = 4, K = 64, V = 64, bf16 inputs
-  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=False, conv_size=4, reuse_recompute_tapes=None, recompute_output='auto')
+  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=False, conv_size=4, reuse_recompute_tapes=None, recompute_output='auto', gate='head')
   segments: the plan's P = 1 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
@@ -54,7 +54,7 @@ traffic of 4 layers per training step, per rank: N x comm sent; at most 655,360 
     def test_summary_with_the_layers_convolution(self):
         self.assertExpectedInline(budget(SMALL + " --layers 4 --with-conv --conv-size 3"), """\
 budget: T = 1000 tokens in 3 documents over R = 3 ranks; H_qk = 2, HV = 4, K = 64, V = 64, bf16 inputs
-  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=True, conv_size=3, reuse_recompute_tapes=None, recompute_output='auto')
+  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=None, use_qk_l2norm=False, with_conv=True, conv_size=3, reuse_recompute_tapes=None, recompute_output='auto', gate='head')
   segments: the plan's P = 1 on 132 SMs (longest fragment 8 chunks, at most 3 fragments per rank; gdn_kcp.plan), taken
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
@@ -71,7 +71,7 @@ traffic of 4 layers per training step, per rank: N x comm sent; at most 671,744 
     def test_detail(self):
         self.assertExpectedInline(budget("budget --docs 100,60 --ranks 2 --hq 1 --hv 2 --k 16 --v 16 --segments 2 --detail"), """\
 budget: T = 160 tokens in 2 documents over R = 2 ranks; H_qk = 1, HV = 2, K = 16, V = 16, bf16 inputs
-  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=2, use_qk_l2norm=False, with_conv=False, conv_size=4, reuse_recompute_tapes=None, recompute_output='auto')
+  OptionsKcp(deterministic=False, save_mode='light', boundary_mode='saved', save_transfer=False, save_for_backward=True, graph='off', exchange='a2a', schedule='serial', segments=2, use_qk_l2norm=False, with_conv=False, conv_size=4, reuse_recompute_tapes=None, recompute_output='auto', gate='head')
   segments: the plan's P = 1 on 132 SMs (longest fragment 2 chunks, at most 2 fragments per rank; gdn_kcp.plan), --segments 2 given
 
 bytes per rank for one layer (saved: kept from its forward to its backward; states: initial + final; comm: one forward and backward)
@@ -253,6 +253,24 @@ def test_with_conv_adds_the_halo_and_conv_size_sets_its_rows():
         assert last["saved_per_layer"] == plain["per_rank"][2]["saved_per_layer"] + last["saved"]["conv_halo"]["bytes"]
         assert last["comm"]["halo"]["recv"] > 0 and report["per_rank"][0]["comm"]["halo"]["send"] > 0
         assert [row["workspace"] for row in report["per_rank"]] == [row["workspace"] for row in plain["per_rank"]]
+
+
+def test_kda_figures_are_the_kda_queries():
+    """--kda answers for kda_kcp calls: every rank's workspace, saved set and
+    traffic are the kda_* queries' (the workspace above GDN's by the
+    per-channel gate gradient; the saved set and the traffic GDN's)."""
+    from gdn_kcp import kda_comm_bytes_kcp, kda_saved_bytes_kcp, kda_workspace_bytes_kcp
+
+    plain, report = budget_json(SMALL), budget_json(SMALL + " --kda")
+    assert report["options"]["gate"] == "channel"
+    for rank, (row, gdn_row) in enumerate(zip(report["per_rank"], plain["per_rank"])):
+        ctx = context_from_split(report["bounds"], [tuple(r) for r in report["rank_ranges"]], rank,
+                                 n_sms=report["sms"])
+        args = (ctx, 2, 4, 64, 64)
+        assert row["workspace"] == kda_workspace_bytes_kcp(*args, dtype=torch.bfloat16)
+        assert row["workspace"] > gdn_row["workspace"] or row["tokens"] == [500, 500], rank  # the empty rank: equal
+        assert row["saved_per_layer"] == kda_saved_bytes_kcp(*args, dtype=torch.bfloat16) == gdn_row["saved_per_layer"]
+        assert row["comm"] == kda_comm_bytes_kcp(ctx, 4, 64, 64, dtype=torch.bfloat16) == gdn_row["comm"]
 
 
 def test_json_keys_are_pinned():

@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(OptionsKcp.with_conv): the saved set gains conv_halo, the traffic halo and halo_grad")
     parser.add_argument("--conv-size", type=positive_int, default=4,
                         help="that convolution's width (OptionsKcp.conv_size; read with --with-conv)")
+    parser.add_argument("--kda", action="store_true",
+                        help="KDA calls (kda_kcp, a gate per key channel; OptionsKcp.gate='channel'): the kda_* "
+                             "queries")
     parser.add_argument("--sms", type=positive_int, default=132,
                         help="streaming multiprocessors the segment plan fills (an H100 / H200 SXM has 132)")
     parser.add_argument("--segments", type=positive_int, default=None,
@@ -112,4 +115,5 @@ def options_of(args: argparse.Namespace) -> OptionsKcp:
         save_mode=args.save_mode, boundary_mode=args.boundary_mode, save_transfer=args.save_transfer,
         save_for_backward=not args.no_save_for_backward, graph=args.graph, exchange=args.exchange,
         use_qk_l2norm=args.l2, segments=args.segments, with_conv=args.with_conv, conv_size=args.conv_size,
+        gate="channel" if args.kda else "head",
     )
