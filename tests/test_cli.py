@@ -139,7 +139,7 @@ usage: python -m gdn_kcp budget [-h] [--tokens TOKENS] [--ranks RANKS] [--docs D
                                 [--boundary-mode {saved,replay}] [--save-transfer]
                                 [--no-save-for-backward] [--graph {off,replay}]
                                 [--exchange {a2a,ring}] [--l2] [--with-conv]
-                                [--conv-size CONV_SIZE] [--sms SMS] [--segments SEGMENTS]
+                                [--conv-size CONV_SIZE] [--kda] [--sms SMS] [--segments SEGMENTS]
                                 [--max-docs MAX_DOCS] [--layers LAYERS] [--detail] [--json]
 
 Bytes every rank will hold, from the byte queries (no GPU, no process group). First a summary: per
@@ -188,6 +188,8 @@ options:
   --conv-size CONV_SIZE
                         that convolution's width (OptionsKcp.conv_size; read with --with-conv)
                         (default: 4)
+  --kda                 KDA calls (kda_kcp, a gate per key channel; OptionsKcp.gate='channel'):
+                        the kda_* queries (default: False)
   --sms SMS             streaming multiprocessors the segment plan fills (an H100 / H200 SXM has
                         132) (default: 132)
   --segments SEGMENTS   intra-rank segments P; if not given, the plan's (default: None)
