@@ -27,7 +27,7 @@ import torch.distributed as dist
 from gdn_kcp.call_checks import check_kcp_inputs, resolve_options
 from gdn_kcp.context import KcpContext
 from gdn_kcp.groups import digest, group_device
-from gdn_kcp.options import BOUNDARY_MODES, EXCHANGES, GRAPH_MODES, OPTION_NAMES, SAVE_MODES, SCHEDULES
+from gdn_kcp.options import BOUNDARY_MODES, EXCHANGES, GATES, GRAPH_MODES, OPTION_NAMES, SAVE_MODES, SCHEDULES
 from gdn_kcp.validate import qk_norm_flag
 
 ENV_VAR = "GDN_KCP_CHECK_RANKS"
@@ -115,7 +115,7 @@ def _vocabulary() -> list[str]:
     """Words another rank may have sent: dtype and device names, option values."""
     dtypes = [str(x).removeprefix("torch.") for x in vars(torch).values() if isinstance(x, torch.dtype)]
     return [*dtypes, "cpu", "cuda", "meta", "absent", "invalid", "True", "False", "None",
-            *SAVE_MODES, *BOUNDARY_MODES, *GRAPH_MODES, *EXCHANGES, *SCHEDULES,
+            *SAVE_MODES, *BOUNDARY_MODES, *GRAPH_MODES, *EXCHANGES, *SCHEDULES, *GATES,
             *(str(n) for n in range(1, 65))]  # conv_size, segments
 
 
