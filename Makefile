@@ -34,9 +34,11 @@ test: $(VENV)/.test
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
 # The precision table (docs/testing.md): every output and gradient in fp16 and bf16 against GDN in fp64 on the
-# same rounded inputs, on FLA's test_chunk grid and ours, with the tolerances and FLA's kernels' figures (about 3 minutes).
+# same rounded inputs, on FLA's test_chunk grid and ours, with the tolerances and FLA's kernels' figures; then the
+# Triton programs' rows held to docs/testing.md, which CI leaves out (about 10 minutes).
 precision: $(VENV)/.test
 	$(PY) tests/precision_grid.py --triton
+	GDN_KCP_PRECISION_TRITON=1 $(PY) -m pytest -q tests/test_precision_table.py -k triton_programs
 
 bench-cpu: $(VENV)/.base
 	$(PY) benchmarks/cpu_chunk.py
