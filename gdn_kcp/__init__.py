@@ -9,7 +9,7 @@ from gdn_kcp.chunk import chunk_gated_delta_rule
 from gdn_kcp.context import KcpContext, build_kcp_context
 from gdn_kcp.exchange import record_comm_bytes
 from gdn_kcp.kcp import gdn_kcp
-from gdn_kcp.kda import chunk_kda, kda_gate, kda_kcp
+from gdn_kcp.kda import chunk_kda, fused_recurrent_kda, kda_gate, kda_kcp
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.ops import trace_host_path
 from gdn_kcp.parallel import check_cp_gradients
@@ -58,6 +58,7 @@ __all__ = [
     "chunk_kda",
     "gdn_checkpoint_bytes_kcp",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_kda",
     "gdn_comm_bytes_kcp",
     "gdn_det_comm_bytes_kcp",
     "gdn_det_saved_bytes_kcp",

@@ -172,3 +172,34 @@ def test_gva_needs_a_multiple():
     q, k, v, g, beta = _args(H=2, HV=3)
     with pytest.raises(ValueError, match="multiple of H_qk"):
         chunk_kda(q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("per_value_beta", [False, True])
+def test_fused_recurrent_kda_is_the_recurrence(per_value_beta):
+    """The token-by-token form against the oracle (beta per head), or against
+    the recurrence written out with beta per value channel; forward only."""
+    from gdn_kcp import fused_recurrent_kda
+
+    q, k, v, g, beta = kda_inputs(40, 1, 2, 16, 8, seed=6)
+    h0 = torch.randn(2, 2, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    cu = torch.tensor([0, 15, 40])
+    if per_value_beta:
+        beta = torch.rand(1, 40, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    o, s = fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                               use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    if not per_value_beta:
+        ro, rs = naive_kda_recurrence(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                      use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    else:
+        qn, kn = (x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6) for x in (q, k))  # FLA's l2norm eps
+        qn, kn = (x.repeat_interleave(2, dim=2)[0] for x in (qn, kn))
+        outs, finals = [], []
+        for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+            S = h0[n].clone()
+            for t in range(a, b):
+                S = torch.exp(g[0, t])[..., None] * S
+                S = S + kn[t][..., None] * (beta[0, t] * (v[0, t] - torch.einsum("hk,hkv->hv", kn[t], S)))[:, None]
+                outs.append(16 ** -0.5 * torch.einsum("hk,hkv->hv", qn[t], S))
+            finals.append(S)
+        ro, rs = torch.stack(outs)[None], torch.stack(finals)
+    assert max_abs(o, ro) < 1e-9 and max_abs(s, rs) < 1e-9

@@ -14,6 +14,7 @@ def test_all_is_pinned():
         "chunk_gated_delta_rule",
         "chunk_kda",
         "fused_recurrent_gated_delta_rule",
+        "fused_recurrent_kda",
         "gdn_checkpoint_bytes_kcp",
         "gdn_comm_bytes_kcp",
         "gdn_det_comm_bytes_kcp",
