@@ -33,12 +33,13 @@ def test_capped_contexts_record_one_figure_for_every_packing(R):
     spawn_ranks(R, run_arena, torch.float32, CAPPED_MAX_DOCS)
 
 
-@pytest.mark.parametrize("R", (1, 2, 4))
+@pytest.mark.parametrize("R", (1, 2))
 def test_kda_recorded_bytes_equal_the_kda_queries(R):
     """KDA calls (a gate per key channel, hard resets and strong decays among
     the gates) on every valid option combination: the ``kda_*`` queries equal
     the recorded bytes at tolerance 0, and every rank's outputs and gradients
-    the single-rank chunk_kda's."""
+    the single-rank chunk_kda's (R = 4 passed too, 32 s: left to the GDN rows,
+    whose terms are the same but one pool, for CI's budget)."""
     spawn_ranks(R, run_arena, torch.float32, None, None, (H_QK, HV, K, V), True)
 
 
