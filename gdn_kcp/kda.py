@@ -31,7 +31,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.fla_compat import check_cp_context, check_cu_seqlens_cpu, fla_keywords
 from gdn_kcp.fla_compat import states_v_first as swap_state_layout
-from gdn_kcp.gates import InKernelGate, check_gate_flags, check_head_vector
+from gdn_kcp.gates import InKernelGate, check_gate_flags
 from gdn_kcp.kernels.precision import accumulator_dtype
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.recurrent import recurrent_op
@@ -45,7 +45,8 @@ def kda_gate(g: torch.Tensor, A_log: torch.Tensor | None = None, dt_bias: torch.
     fp64 inputs), differentiable in all three tensors:
     ``-exp(A_log) softplus(g + dt_bias)``, or with ``lower_bound``
     ``lower_bound sigmoid(exp(A_log) (g + dt_bias))`` (without A_log,
-    ``lower_bound sigmoid(g + dt_bias)``). A_log ``[HV]``, dt_bias ``[HV * K]``.
+    ``lower_bound sigmoid(g + dt_bias)``). A_log: HV elements, dt_bias: HV * K
+    (any shape, as FLA takes them: ``[HV]`` and ``[HV * K]`` usually).
 
     >>> kda_gate(torch.zeros(1, 2, 4), A_log=torch.zeros(2)).flatten()[:2]
     tensor([-0.6931, -0.6931])
@@ -54,11 +55,11 @@ def kda_gate(g: torch.Tensor, A_log: torch.Tensor | None = None, dt_bias: torch.
     HV, K = g.shape[-2:]
     x = g.to(cdt)
     if dt_bias is not None:
-        x = x + dt_bias.to(cdt).view(HV, K)
+        x = x + dt_bias.to(cdt).reshape(HV, K)
     if lower_bound is None:
-        return -A_log.to(cdt).exp().view(HV, 1) * F.softplus(x)
+        return -A_log.to(cdt).exp().reshape(HV, 1) * F.softplus(x)
     if A_log is not None:
-        x = A_log.to(cdt).exp().view(HV, 1) * x
+        x = A_log.to(cdt).exp().reshape(HV, 1) * x
     return lower_bound * torch.sigmoid(x)
 
 
@@ -85,15 +86,16 @@ def check_kda_gate(g: torch.Tensor, *, A_log, dt_bias, lower_bound, use_gate_in_
                              f"got {lower_bound}")
         if isinstance(g, torch.Tensor) and g.dim() == 4:
             HV, K = g.shape[-2:]
-            if A_log is not None:
-                check_head_vector("A_log", A_log, HV, g.device)
-            if dt_bias is not None:
-                check_tensor("dt_bias", dt_bias, 1, "[HV * K]")
-                check_float_dtype("dt_bias", dt_bias)
-                if dt_bias.shape[0] != HV * K:
-                    raise ValueError(f"dt_bias must have HV * K = {HV * K} elements, got {tuple(dt_bias.shape)}")
-                if dt_bias.device != g.device:
-                    raise ValueError(f"dt_bias is on {dt_bias.device}, g on {g.device}")
+            for name, x, n, what in (("A_log", A_log, HV, "HV"), ("dt_bias", dt_bias, HV * K, "HV * K")):
+                if x is None:
+                    continue
+                if not isinstance(x, torch.Tensor):
+                    raise TypeError(f"{name} must be a torch.Tensor of {what} elements, got {type(x).__name__}")
+                check_float_dtype(name, x)
+                if x.numel() != n:  # any shape, as FLA takes them (its tests pass A_log as [1, 1, HV, 1])
+                    raise ValueError(f"{name} must have {what} = {n} elements, got shape {tuple(x.shape)}")
+                if x.device != g.device:
+                    raise ValueError(f"{name} is on {x.device}, g on {g.device}")
     if not use_beta_sigmoid_in_kernel:
         return None
     return InKernelGate(None, None, True, 2.0 if allow_neg_eigval else 1.0)

@@ -142,9 +142,9 @@ REFUSALS = [
     (dict(g=-torch.rand(1, 10, 2)), ValueError, r"g must be a 4-d|g must have shape|\[B, T, HV, K\]"),
     (dict(g=-torch.rand(1, 10, 2, 4)), ValueError, r"g must have shape \[B, T, HV, K\]"),
     (dict(use_gate_in_kernel=True), ValueError, "needs A_log"),
-    (dict(use_gate_in_kernel=True, A_log=torch.zeros(3)), ValueError, r"A_log must have shape \[HV\]"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(3)), ValueError, r"A_log must have HV = 2 elements"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(8)), ValueError,
-     r"dt_bias must have HV \* K = 16"),
+     r"dt_bias must have HV \* K = 16 elements"),
     (dict(A_log=torch.zeros(2)), ValueError, "A_log is only read with use_gate_in_kernel=True"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(2), lower_bound=0.5), ValueError, "lower_bound must be negative"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(2), safe_gate=True), ValueError, "needs lower_bound"),
@@ -203,3 +203,18 @@ def test_fused_recurrent_kda_is_the_recurrence(per_value_beta):
             finals.append(S)
         ro, rs = torch.stack(outs)[None], torch.stack(finals)
     assert max_abs(o, ro) < 1e-9 and max_abs(s, rs) < 1e-9
+
+
+def test_gate_parameters_in_any_shape_of_their_size():
+    """FLA takes A_log as any tensor of HV elements (its tests pass ``[1, 1, HV, 1]``)
+    and dt_bias of HV * K: the same gate and gradients as ``[HV]`` / ``[HV * K]``."""
+    q, k, v, g, beta = _args(T=20, HV=2, K=8)
+    results = []
+    for A_log in (torch.tensor([0.5, -0.3]), torch.tensor([0.5, -0.3]).view(1, 1, 2, 1)):
+        A_log = A_log.clone().requires_grad_()
+        dt_bias = torch.linspace(-1, 1, 16).view(2, 8).requires_grad_()
+        o, _ = chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+        dA, db = torch.autograd.grad(o.square().sum(), [A_log, dt_bias])
+        assert dA.shape == A_log.shape and db.shape == dt_bias.shape
+        results.append((o, dA.flatten(), db.flatten()))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
