@@ -30,6 +30,12 @@ import torch
 
 from ..precision import mm
 
+PIECE_ELEMENTS = 1 << 25
+"""The most elements (128 MiB in fp32) the largest temporary of one piece may
+hold, the ``[rows, H, n, c, c, K]`` pairs inside the sub-chunks: the programs
+take the chunks in pieces of that size. Whole, FLA's T = 8192, HV = 96,
+K = 128 case wanted 3 GiB for that one tensor."""
+
 SUB_CHUNK = 8
 """Rows of a sub-chunk. The pairs inside one are taken elementwise (``C SUB_CHUNK K``
 products and exponentials per chunk and head): at T = 4096, HV = 4, K = 128 one
@@ -102,8 +108,7 @@ def _off_blocks(x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-1, (x.shape[-1] // SUB_CHUNK, SUB_CHUNK)).movedim(-2, -3)
 
 
-def channel_scores(a: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, keep: torch.Tensor,
-                   mode: str) -> torch.Tensor:
+def _scores(a: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, keep: torch.Tensor, mode: str) -> torch.Tensor:
     """``S_ij = sum_d a_id b_jd exp(Γ_id - Γ_jd)`` on ``keep`` (a causal ``[C, C]``
     mask), zero elsewhere: ``[..., C, C]`` from a, b ``[..., C, K]``. Off the
     diagonal blocks one product under ``mode`` per sub-chunk of columns."""
@@ -115,10 +120,10 @@ def channel_scores(a: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, keep
     return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
 
 
-def channel_lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
+def _lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
     """``out_i = sum_j x_ij b_j * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
     ``[..., C, C]`` x (zero above its diagonal): the gradient of
-    :func:`channel_scores` with respect to ``a`` when x is the scores' gradient."""
+    :func:`_scores` with respect to ``a`` when x is the scores' gradient."""
     off_mask, same = _block_masks(x.shape[-1], x.device)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     part = mm(_off_blocks(torch.where(off_mask, x, zero)), _sub(b * blocks.behind), mode)  # [..., n, C, K]
@@ -127,12 +132,47 @@ def channel_lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks,
     return off + diag.flatten(-3, -2)
 
 
-def channel_upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
+def _upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
     """``out_j = sum_i x_ij a_i * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
-    ``[..., C, C]`` x: the gradient of :func:`channel_scores` with respect to ``b``."""
+    ``[..., C, C]`` x: the gradient of :func:`_scores` with respect to ``b``."""
     off_mask, _ = _block_masks(x.shape[-1], x.device)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     part = mm(_off_blocks(torch.where(off_mask, x, zero)).mT, a[..., None, :, :] * blocks.ahead, mode)  # [..., n, c, K]
     off = part.flatten(-3, -2) * blocks.behind
     diag = (_diagonal_blocks(x)[..., None] * _sub(a)[..., :, None, :] * blocks.within).sum(-3)
     return off + diag.flatten(-3, -2)
+
+
+def _pieces(g: torch.Tensor) -> list[slice]:
+    """Slices of dim 0 (chunks) of ``g`` ``[NC, H, C, K]`` whose sub-chunk pairs fit ``PIECE_ELEMENTS``."""
+    per_chunk = max(1, g[:1].numel() * SUB_CHUNK)
+    rows = max(1, PIECE_ELEMENTS // per_chunk)
+    return [slice(start, start + rows) for start in range(0, g.shape[0], rows)]
+
+
+def channel_scores(a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, keep: torch.Tensor, mode: str) -> torch.Tensor:
+    """``S_ij = sum_d a_id b_jd exp(G_id - G_jd)`` on ``keep`` (a causal ``[C, C]``
+    mask), zero elsewhere: ``[NC, H, C, C]`` from a, b ``[NC, H, C, K]`` and the
+    per-channel gates g ``[NC, H, C, K]`` (padded rows 0), a piece of chunks at a time.
+
+    >>> g = -torch.rand(2, 1, 64, 4, dtype=torch.float64); a, b = torch.randn(2, 2, 1, 64, 4, dtype=torch.float64)
+    >>> keep = torch.ones(64, 64, dtype=torch.bool).tril()
+    >>> G = g.cumsum(-2); direct = torch.einsum("nhid,nhjd,nhijd->nhij", a, b, (G[..., :, None, :] - G[..., None, :, :]).exp())
+    >>> bool(torch.allclose(channel_scores(a, b, g, keep, "ieee"), direct * keep))
+    True
+    """
+    return torch.cat([_scores(a[p], b[p], channel_blocks(g[p]), keep, mode) for p in _pieces(g)])
+
+
+def channel_pulls(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, g: torch.Tensor,
+                  mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two gradients of :func:`channel_scores` for its gradient ``x``
+    ``[NC, H, C, C]`` (lower): ``sum_j x_ij left_j * exp(G_i - G_j)`` (the ``a``
+    side, with ``left = b``) and ``sum_i x_ij right_i * exp(G_i - G_j)`` (the ``b``
+    side, with ``right = a``), each ``[NC, H, C, K]``, one set of decays a piece."""
+    lower, upper = [], []
+    for p in _pieces(g):
+        blocks = channel_blocks(g[p])
+        lower.append(_lower_apply(x[p], left[p], blocks, mode))
+        upper.append(_upper_apply(x[p], right[p], blocks, mode))
+    return torch.cat(lower), torch.cat(upper)

@@ -16,7 +16,7 @@ import torch
 from ..chunk_index import CHUNK_SIZE, ChunkIndex
 from ..precision import mm
 from ..tracing import traced
-from ._channel import channel_blocks, channel_scores
+from ._channel import channel_scores
 
 L2NORM_EPS = 1e-6
 """``x / sqrt(sum(x^2) + eps)``: the same eps as FLA's l2norm, so results agree."""
@@ -198,7 +198,7 @@ def causal_scores(a: torch.Tensor, b: torch.Tensor, gates: ChunkGates, strict: b
     through the anchored blocks of :mod:`._channel` (no exponent above 0)."""
     if gates.per_channel:
         keep = causal_mask(a.shape[-2], strict, a.device)
-        return channel_scores(a, b, channel_blocks(gates.g), keep, mode)
+        return channel_scores(a, b, gates.g, keep, mode)
     segment, keep = _segments(gates, strict)
     scores = mm(a, b.mT, mode) * torch.exp(segment)
     return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))

@@ -25,7 +25,7 @@ import torch
 
 from ..chunk_index import ChunkIndex
 from ..precision import accumulator_dtype, matmul_mode, mm
-from ._channel import channel_blocks, channel_lower_apply, channel_upper_apply
+from ._channel import channel_pulls
 from ._chunks import ChunkGates, causal_mask, causal_scores, chunk_gates, chunk_rows, from_chunks, load_qk, to_chunks
 
 
@@ -97,9 +97,7 @@ def channel_dqkwg(qc, kc, gates: ChunkGates, h, dh, vn, doc, dvn, last_row, scal
     d_scores = scale * mm(doc, vn.mT, mode)
     d_scores = torch.where(causal_mask(d_scores.shape[-1], False, d_scores.device), d_scores,
                            torch.zeros((), dtype=d_scores.dtype, device=d_scores.device))
-    blocks = channel_blocks(gates.g)
-    dq_scores = channel_lower_apply(d_scores, kc, blocks, mode)
-    dk_scores = channel_upper_apply(d_scores, qc, blocks, mode)
+    dq_scores, dk_scores = channel_pulls(d_scores, kc, qc, gates.g, mode)
     dq_state = scale * gamma * mm(doc, h.mT, mode)
     dk_end = torch.exp(gates.tail) * mm(vn, dh.mT, mode)
     through_end = dk_end * kc

@@ -18,7 +18,7 @@ import torch
 
 from ..chunk_index import ChunkIndex
 from ..precision import accumulator_dtype, matmul_mode, mm
-from ._channel import channel_blocks, channel_lower_apply, channel_upper_apply
+from ._channel import channel_pulls
 from ._chunks import ChunkGates, add_from_chunks, causal_decay, chunk_gates, chunk_rows, from_chunks, load_qk
 from ._chunks import chunk_beta, to_chunks
 
@@ -99,9 +99,7 @@ def channel_wy(kc, vc, bc, gates: ChunkGates, Ac, dwc, duc, At_dw, At_du, mode: 
     kb = bc[..., None] * gamma * kc
     dA = mm(dwc, kb.mT, mode) + mm(duc, (bc[..., None] * vc).mT, mode)
     dL = -mm(mm(Ac.mT, dA, mode), Ac.mT, mode).tril(-1)
-    blocks = channel_blocks(gates.g)
-    d_left = channel_lower_apply(dL, kc, blocks, mode)
-    d_right = channel_upper_apply(dL, bc[..., None] * kc, blocks, mode)
+    d_left, d_right = channel_pulls(dL, kc, bc[..., None] * kc, gates.g, mode)
     through_w = gamma * kc * At_dw
     dk = bc[..., None] * (gamma * At_dw + d_left) + d_right
     dbeta = through_w.sum(-1) + (At_du * vc).sum(-1) + (kc * d_left).sum(-1)
