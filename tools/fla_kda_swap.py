@@ -10,9 +10,10 @@ Before FLA's test module is imported, the plugin points FLA's ``device`` at
 the CPU and puts our two functions into ``fla.ops.kda``, so the module's
 ``from fla.ops.kda import chunk_kda, fused_recurrent_kda`` takes ours. It
 leaves out the tests that do not call ours (FLA's naive-against-naive check,
-its Triton gate and vLLM decode kernels, its backend routing, flash-kda) and
-marks as expected failures the calls we refuse by design (docs/testing.md,
-"FLA's own KDA tests"); everything else must pass at FLA's tolerances.
+its Triton gate and vLLM decode kernels, its backend routing, flash-kda),
+skips the one case too large for a 24 GiB host, and marks as expected
+failures the calls we refuse by design (docs/testing.md, "FLA's own KDA
+tests"); everything else must pass at FLA's tolerances.
 ``FLA_CI_ENV`` (which turns FLA's failures into warnings) must be unset.
 """
 
@@ -31,6 +32,13 @@ NOT_OURS = {
     "test_triton_ascend_backend_routing": "FLA's backend registry",
 }
 """Tests left out, with why: none of them calls chunk_kda or fused_recurrent_kda of ours."""
+
+TOO_LARGE = {
+    "B1-T8192-H96-D128": "T = 8192, HV = 96, K = 128 twice (its oracle is chunk_kda itself, with the sigmoid "
+                         "outside): the torch programs' chunk layouts need more than a 24 GiB machine holds; a "
+                         "failed case's traceback then pins that memory for the rest of the run",
+}
+"""Test ids (substrings) skipped for the host's memory, with why."""
 
 REFUSED_BY_DESIGN = {
     "chunk_size32": ("chunk_size=32: the programs cut chunks of 64 tokens only (a ValueError naming chunk_size)",
@@ -65,6 +73,9 @@ def pytest_collection_modifyitems(config, items) -> None:
         if name in NOT_OURS:
             left_out.append(item)
             continue
+        for key, why in TOO_LARGE.items():
+            if key in item.nodeid:
+                item.add_marker(pytest.mark.skip(reason=why))
         for key, (why, error) in REFUSED_BY_DESIGN.items():
             if key in item.nodeid:
                 item.add_marker(pytest.mark.xfail(reason=why, raises=error, strict=True))
