@@ -147,7 +147,7 @@ def _pieces(g: torch.Tensor) -> list[slice]:
     """Slices of dim 0 (chunks) of ``g`` ``[NC, H, C, K]`` whose sub-chunk pairs fit ``PIECE_ELEMENTS``."""
     per_chunk = max(1, g[:1].numel() * SUB_CHUNK)
     rows = max(1, PIECE_ELEMENTS // per_chunk)
-    return [slice(start, start + rows) for start in range(0, g.shape[0], rows)]
+    return [slice(start, start + rows) for start in range(0, max(g.shape[0], 1), rows)]  # an empty rank: one empty piece
 
 
 def channel_scores(a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, keep: torch.Tensor, mode: str) -> torch.Tensor:
