@@ -13,18 +13,18 @@ from gdn_kcp import chunk_kda, kda_gate, naive_kda_recurrence
 NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state")
 
 
-def kda_inputs(T, H_qk, HV, K, V, *, seed=0, dtype=torch.float64, strong=True):
+def kda_inputs(T, H_qk, HV, K, V, *, seed=0, dtype=torch.float64):
     q, k, v, g, beta = make_inputs(T, H_qk, HV, K, V, dtype=torch.float64, seed=seed)
-    g = channel_gates(g, K, seed) if strong else channel_gates(g, K, seed).clamp(min=-20)
+    g = channel_gates(g, K, seed)
     return [x.to(dtype) for x in (q, k, v, g, beta)]
 
 
 def compare(inputs, bounds, *, l2, h0, seed=0, extra=None, gate=None, beta_fn=None, **keywords):
-    extra = extra or {}
     """``{name: (ours, oracle)}`` for o, the final states and every gradient of a
     random loss over both. ``extra``: more leaves by keyword (A_log, dt_bias)
     whose gradients are checked too; ``gate(g, **extra)`` / ``beta_fn(beta)``:
     the oracle's gate and beta from the raw inputs."""
+    extra = extra or {}
     HV, K, V = inputs[2].shape[2], inputs[0].shape[3], inputs[2].shape[3]
     N = len(bounds) - 1
     gen = torch.Generator().manual_seed(seed + 1)

@@ -43,6 +43,11 @@ KDA forward and backward took 4.1 s at 16 rows, 2.7 s at 8 and 3.6 s at 4
 (the anchored products of 16 sub-chunks cost more than they save)."""
 
 
+def causal_mask(C: int, strict: bool, device: torch.device) -> torch.Tensor:
+    """``[C, C]``: ``i >= j`` (``i > j`` when strict)."""
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
 class ChannelBlocks(NamedTuple):
     """The decays of :mod:`_channel` for per-channel gates ``g`` ``[NC, H, C, K]``."""
 
@@ -71,10 +76,9 @@ def channel_blocks(g: torch.Tensor) -> ChannelBlocks:
     ahead_blocks = torch.where(later, torch.exp(between)[..., None, :], zero) * torch.exp(gs.cumsum(-2))[..., None, :, :, :]
     ahead = ahead_blocks.flatten(-3, -2)  # [..., n (J), C, K]
     tail = torch.nn.functional.pad(gs[..., 1:, :].flip(-2).cumsum(-2).flip(-2), (0, 0, 0, 1))
-    below = torch.ones(c, c, dtype=torch.bool, device=g.device).tril(-1)[..., None]
-    segment = torch.where(below, gs[..., :, None, :], zero).cumsum(-3)
-    causal = torch.ones(c, c, dtype=torch.bool, device=g.device).tril()[..., None]
-    return ChannelBlocks(ahead, torch.exp(tail).flatten(-3, -2), torch.where(causal, torch.exp(segment), zero))
+    segment = torch.where(causal_mask(c, True, g.device)[..., None], gs[..., :, None, :], zero).cumsum(-3)
+    within = torch.where(causal_mask(c, False, g.device)[..., None], torch.exp(segment), zero)
+    return ChannelBlocks(ahead, torch.exp(tail).flatten(-3, -2), within)
 
 
 def _sub(x: torch.Tensor) -> torch.Tensor:
@@ -82,10 +86,10 @@ def _sub(x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-2, (x.shape[-2] // SUB_CHUNK, SUB_CHUNK))
 
 
-def _block_masks(C: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[C, C]``: pairs in different sub-chunks with i's later, and pairs in one sub-chunk."""
+def _later_blocks(C: int, device: torch.device) -> torch.Tensor:
+    """``[C, C]``: the pairs whose row i lies in a later sub-chunk than column j."""
     sub = torch.arange(C, device=device) // SUB_CHUNK
-    return sub[:, None] > sub[None, :], sub[:, None] == sub[None, :]
+    return sub[:, None] > sub[None, :]
 
 
 def _diagonal_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -112,7 +116,7 @@ def _scores(a: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, keep: torch
     """``S_ij = sum_d a_id b_jd exp(Γ_id - Γ_jd)`` on ``keep`` (a causal ``[C, C]``
     mask), zero elsewhere: ``[..., C, C]`` from a, b ``[..., C, K]``. Off the
     diagonal blocks one product under ``mode`` per sub-chunk of columns."""
-    off_mask, _ = _block_masks(a.shape[-2], a.device)
+    off_mask = _later_blocks(a.shape[-2], a.device)
     b_behind = _sub(b * blocks.behind)
     off = mm(a[..., None, :, :] * blocks.ahead, b_behind.mT, mode).movedim(-3, -2).flatten(-2)
     diag = (_sub(a)[..., :, None, :] * _sub(b)[..., None, :, :] * blocks.within).sum(-1)
@@ -124,7 +128,7 @@ def _lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, mode: 
     """``out_i = sum_j x_ij b_j * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
     ``[..., C, C]`` x (zero above its diagonal): the gradient of
     :func:`_scores` with respect to ``a`` when x is the scores' gradient."""
-    off_mask, same = _block_masks(x.shape[-1], x.device)
+    off_mask = _later_blocks(x.shape[-1], x.device)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     part = mm(_off_blocks(torch.where(off_mask, x, zero)), _sub(b * blocks.behind), mode)  # [..., n, C, K]
     off = (part * blocks.ahead).sum(-3)
@@ -135,7 +139,7 @@ def _lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, mode: 
 def _upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
     """``out_j = sum_i x_ij a_i * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
     ``[..., C, C]`` x: the gradient of :func:`_scores` with respect to ``b``."""
-    off_mask, _ = _block_masks(x.shape[-1], x.device)
+    off_mask = _later_blocks(x.shape[-1], x.device)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     part = mm(_off_blocks(torch.where(off_mask, x, zero)).mT, a[..., None, :, :] * blocks.ahead, mode)  # [..., n, c, K]
     off = part.flatten(-3, -2) * blocks.behind

@@ -16,7 +16,7 @@ import torch
 from ..chunk_index import CHUNK_SIZE, ChunkIndex
 from ..precision import mm
 from ..tracing import traced
-from ._channel import channel_scores
+from ._channel import causal_mask, channel_scores
 
 L2NORM_EPS = 1e-6
 """``x / sqrt(sum(x^2) + eps)``: the same eps as FLA's l2norm, so results agree."""
@@ -173,9 +173,9 @@ def _segments(gates: ChunkGates, strict: bool) -> tuple[torch.Tensor, torch.Tens
     sums g_l down the rows l > j) and the causal mask (``i >= j``, or ``i > j``)."""
     g = gates.g
     C = g.shape[-1]
-    below = torch.ones(C, C, dtype=torch.bool, device=g.device).tril(-1)
+    below = causal_mask(C, True, g.device)
     segment = torch.where(below, g[..., :, None], torch.zeros((), dtype=g.dtype, device=g.device)).cumsum(-2)
-    return segment, below if strict else below | torch.eye(C, dtype=torch.bool, device=g.device)
+    return segment, below if strict else causal_mask(C, False, g.device)
 
 
 def causal_decay(gates: ChunkGates, strict: bool = False) -> torch.Tensor:
@@ -183,11 +183,6 @@ def causal_decay(gates: ChunkGates, strict: bool = False) -> torch.Tensor:
     ``[..., C, C]``, from segment sums (exact zero across a hard reset)."""
     segment, keep = _segments(gates, strict)
     return torch.where(keep, torch.exp(segment), torch.zeros((), dtype=segment.dtype, device=segment.device))
-
-
-def causal_mask(C: int, strict: bool, device: torch.device) -> torch.Tensor:
-    """``[C, C]``: ``i >= j`` (``i > j`` when strict)."""
-    return torch.ones(C, C, dtype=torch.bool, device=device).tril(-1 if strict else 0)
 
 
 def causal_scores(a: torch.Tensor, b: torch.Tensor, gates: ChunkGates, strict: bool = False,
