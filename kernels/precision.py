@@ -61,6 +61,24 @@ def pull_mode(mode: str) -> str:
     return {"bf16": "bf16x2", "fp16": "tf32x2"}.get(mode, mode)
 
 
+def channel_mode(mode: str) -> str:
+    """The rule of KDA's intra-chunk products across sub-chunks (``kernels/torch/_channel.py``)
+    for products under ``mode``: ``"tf32"`` where they are bf16 or fp16, else ``mode``.
+
+    Both operands there are fp32 by construction (a key or query times its
+    per-channel decay to the sub-chunk anchor, and the fp32 score gradients
+    ``dP``), and no tape holds them: rounding them to bf16 threw away what the
+    gate gradient's cancelling sums need. flash-linear-attention's KDA kernels
+    take the same tiles as fp32 ``tl.dot`` operands (tf32 on tensor cores);
+    tf32 also keeps fp32's exponent, so a strongly decayed operand does not
+    underflow as it would in fp16. Measured (tests/precision_grid.py --kda,
+    bf16, x 1e-3, bf16 operands -> this rule): on FLA's four gate-in-kernel
+    cases dA 14.54 -> 4.56, 8.76 -> 6.53, 6.47 -> 4.01, 4.86 -> 3.61 and
+    dbias 6.56 -> 2.37 at worst; dg 5.84 -> 3.57 at worst over the grid;
+    fp16 within 0.01 of before (tf32 keeps fp16's 10 mantissa bits)."""
+    return "tf32" if mode in ("bf16", "fp16") else mode
+
+
 def split_operand(x: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``x`` as ``hi + lo``, each exact in the narrow type of the split
     rule ``mode`` (bf16 for ``"bf16x2"``, tf32 for ``"tf32x2"``), kept fp32."""

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..precision import mm
+from ..precision import channel_mode, mm
 
 PIECE_ELEMENTS = 1 << 25
 """The most elements (128 MiB in fp32) the largest temporary of one piece may
@@ -157,7 +157,8 @@ def _pieces(g: torch.Tensor) -> list[slice]:
 def channel_scores(a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, keep: torch.Tensor, mode: str) -> torch.Tensor:
     """``S_ij = sum_d a_id b_jd exp(G_id - G_jd)`` on ``keep`` (a causal ``[C, C]``
     mask), zero elsewhere: ``[NC, H, C, C]`` from a, b ``[NC, H, C, K]`` and the
-    per-channel gates g ``[NC, H, C, K]`` (padded rows 0), a piece of chunks at a time.
+    per-channel gates g ``[NC, H, C, K]`` (padded rows 0), a piece of chunks at a
+    time; the products under :func:`~gdn_kcp.kernels.precision.channel_mode` of ``mode``.
 
     >>> g = -torch.rand(2, 1, 64, 4, dtype=torch.float64); a, b = torch.randn(2, 2, 1, 64, 4, dtype=torch.float64)
     >>> keep = torch.ones(64, 64, dtype=torch.bool).tril()
@@ -165,6 +166,7 @@ def channel_scores(a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, keep: torc
     >>> bool(torch.allclose(channel_scores(a, b, g, keep, "ieee"), direct * keep))
     True
     """
+    mode = channel_mode(mode)
     return torch.cat([_scores(a[p], b[p], channel_blocks(g[p]), keep, mode) for p in _pieces(g)])
 
 
@@ -173,8 +175,9 @@ def channel_pulls(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, g: t
     """The two gradients of :func:`channel_scores` for its gradient ``x``
     ``[NC, H, C, C]`` (lower): ``sum_j x_ij left_j * exp(G_i - G_j)`` (the ``a``
     side, with ``left = b``) and ``sum_i x_ij right_i * exp(G_i - G_j)`` (the ``b``
-    side, with ``right = a``), each ``[NC, H, C, K]``, one set of decays a piece."""
-    lower, upper = [], []
+    side, with ``right = a``), each ``[NC, H, C, K]``, one set of decays a piece;
+    the products under :func:`~gdn_kcp.kernels.precision.channel_mode` of ``mode``."""
+    lower, upper, mode = [], [], channel_mode(mode)
     for p in _pieces(g):
         blocks = channel_blocks(g[p])
         lower.append(_lower_apply(x[p], left[p], blocks, mode))
