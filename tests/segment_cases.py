@@ -4,6 +4,8 @@ documents; every P of each rank's range is checked against the single-rank run."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kcp_cases import KcpCase, check_case_on_rank, reference
 
 from gdn_kcp import build_kcp_context
@@ -19,6 +21,11 @@ SEGMENT_CASES = {
 }
 
 
+KDA_SEGMENT_CASES = {R: replace(SEGMENT_CASES[R], name=f"kda-{SEGMENT_CASES[R].name}", kda=True) for R in (1, 3, 4)}
+"""The same packings with a gate per key channel (KDA): segments compose the
+summaries' ``M`` as matrices already, so the cases differ only in the gate."""
+
+
 def largest_range(case: KcpCase, R: int) -> int:
     """The largest P any rank of the case may ask for."""
     from gdn_kcp.context import context_from_split, default_ranges
@@ -28,11 +35,11 @@ def largest_range(case: KcpCase, R: int) -> int:
     return max(segment_range(context_from_split(bounds, split, r)) for r in range(R))
 
 
-def run_every_p(rank: int, R: int) -> None:
+def run_every_p(rank: int, R: int, kda: bool = False) -> None:
     """fp64, a2a with initial and final states: every P from 1 to the largest
     range (each rank cuts it to its own); ring without states and a capped
-    context at P = 3."""
-    case = SEGMENT_CASES[R]
+    context at P = 3. ``kda``: the case of ``KDA_SEGMENT_CASES``."""
+    case = (KDA_SEGMENT_CASES if kda else SEGMENT_CASES)[R]
     inputs, given, expected = reference(case, True)
     for P in range(1, largest_range(case, R) + 1):
         check_case_on_rank(case, rank, "a2a", inputs, given, expected, segments=P)

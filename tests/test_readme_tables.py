@@ -65,6 +65,19 @@ def test_call_row(row):
     assert [figure(x) for x in row[1:4]] == [ours.fwd.bytes, ours.bwd.bytes, ours.bytes]
 
 
+def test_kda_rows_are_the_kda_queries():
+    """The ``gate="channel"`` rows are KDA calls: ``kda_workspace_layout_kcp`` at
+    the example gives their figures (its backward binds ``dgcum`` K times GDN's)."""
+    from gdn_kcp import kda_workspace_layout_kcp
+
+    kda = kda_workspace_layout_kcp(example_context(), **EXAMPLE_SHAPES, dtype=EXAMPLE_DTYPE)
+    rows = [row for row in CALL_ROWS if options_of(row[0]).gate == "channel"]
+    assert len(rows) == 1 and [figure(x) for x in rows[0][1:4]] == [kda.fwd.bytes, kda.bwd.bytes, kda.bytes]
+    pool = [row for row in POOL_ROWS if row[0] == "dgcum" and options_of(row[2]).gate == "channel"]
+    assert len(pool) == 1 and figure(pool[0][4]) == kda.pool_bytes["dgcum"]
+    assert kda.pool_bytes["dgcum"] == EXAMPLE_SHAPES["K"] * layout(OptionsKcp()).pool_bytes["dgcum"]
+
+
 def test_call_figures_label_states_what_test_call_row_computes():
     """The label names the example and the defaults test_call_row evaluates at
     (OptionsKcp defaults for every option a row does not name)."""

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from arena_cases import CAPPED_MAX_DOCS, SEGMENT_PACKINGS, run_arena
-from segment_cases import SEGMENT_CASES, run_every_p, run_planned, run_tight_capped
+from arena_cases import CAPPED_MAX_DOCS, H_QK, HV, K, SEGMENT_PACKINGS, V, run_arena
+from segment_cases import KDA_SEGMENT_CASES, SEGMENT_CASES, run_every_p, run_planned, run_tight_capped
 from spawn import spawn_ranks
 
 
@@ -31,6 +31,17 @@ def test_capped_segments_record_one_figure_for_every_packing(R):
 @pytest.mark.parametrize("R", sorted(SEGMENT_CASES))
 def test_every_p_equals_single_rank_fp64(R):
     spawn_ranks(R, run_every_p)
+
+
+@pytest.mark.parametrize("R", sorted(KDA_SEGMENT_CASES))
+def test_kda_every_p_equals_single_rank_fp64(R):
+    """KDA (a gate per key channel) on the same packings: every P exact."""
+    spawn_ranks(R, run_every_p, True)
+
+
+def test_kda_recorded_bytes_equal_the_layout_with_segments():
+    """The arena check on KDA calls at P = 2 segments on 2 ranks (the ``dgcum`` pool ``[T, HV, K]``)."""
+    spawn_ranks(2, run_arena, torch.float32, None, 2, (H_QK, HV, K, V), True)
 
 
 def test_capped_bound_is_reached_and_holds():

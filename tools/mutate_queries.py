@@ -85,7 +85,8 @@ def _line(path: Path, node: ast.AST) -> str:
 
 def shape_mutants(path: Path, function: str, target: str) -> list[Mutant]:
     """Every shape ``function`` assigns to ``target`` (the values of its
-    ``target = {...}`` dict and its ``target[...] = (...)``): doubled."""
+    ``target = {...}`` dict, both sides of a conditional value such as the
+    gate's ``dgcum``, and its ``target[...] = (...)``): doubled."""
     out = []
     nodes = list(ast.walk(ast.parse(path.read_text())))
     shape_tuples = set()
@@ -94,7 +95,9 @@ def shape_mutants(path: Path, function: str, target: str) -> list[Mutant]:
             for stmt in ast.walk(node):
                 if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]).startswith(target):
                     if isinstance(stmt.value, ast.Dict):
-                        shape_tuples |= {id(v) for v in stmt.value.values if isinstance(v, ast.Tuple)}
+                        for value in stmt.value.values:
+                            sides = (value.body, value.orelse) if isinstance(value, ast.IfExp) else (value,)
+                            shape_tuples |= {id(side) for side in sides if isinstance(side, ast.Tuple)}
                     elif isinstance(stmt.value, ast.Tuple):
                         shape_tuples.add(id(stmt.value))
     for i, node in enumerate(nodes):
