@@ -36,7 +36,7 @@ def check_kcp_inputs(q, k, v, g, beta, ctx, *, scale, initial_state, output_fina
         raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
     flag, flag_name = qk_norm_flag(use_qk_l2norm_in_kernel, use_qk_l2norm)
     options = resolve_options(options, flag, flag_name)
-    gate = gate_keywords(g, beta, **gate_kwargs)
+    gate = gate_keywords(g, beta, per_channel=options.gate == "channel", **gate_kwargs)
     check_flag("output_final_state", output_final_state)
     dims, _ = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=None,
                                initial_rows=(ctx.n_start_docs, "ctx.n_start_docs"), gate=options.gate)

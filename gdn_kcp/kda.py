@@ -10,9 +10,18 @@ kernel,
     g = -exp(A_log) * softplus(g_raw + dt_bias)                      (A_log [HV], dt_bias [HV * K])
     g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))          (with lower_bound; A_log optional)
 
-is :func:`kda_gate`, computed in fp32 (fp64 for fp64 inputs) as a differentiable
-torch expression ahead of the ops (autograd carries dg to g_raw, A_log and
-dt_bias); the beta keywords run in the programs as for GDN. The programs are
+is :func:`kda_gate` (fp32; fp64 for fp64 inputs). The softplus form runs in
+the programs, as GDN's gate in kernel does: the ops take the raw g and
+``[2, HV, K]`` parameters (``-exp(A_log)`` per head, ``dt_bias`` per channel),
+compute the gate as they load g, and the backward returns the raw g's
+gradient and the parameters' (``[T, HV, K]`` reductions), so no gate tensor
+is written or saved: the ops keep the raw g, where a torch expression ahead
+of them keeps three fp32 ``[T, HV, K]`` tensors per layer until the backward
+(softplus's input and output, and the gate; with a bf16 g, 320 MiB more at
+T = 8192, HV = 32, K = 128, counted with ``saved_tensors_hooks``; the
+outputs bitwise the same). The lower-bound form is that torch expression
+(autograd carries dg to g_raw, A_log and dt_bias), as is the gate of
+:func:`fused_recurrent_kda`. The beta keywords run in the programs as for GDN. The programs are
 exact at any gate (no exponent above 0), so ``safe_gate`` and ``lower_bound``
 buy no speed here: they are accepted and checked as FLA checks them. The torch
 programs run KDA (CPU and any device); the Triton programs do not yet, and a
@@ -26,17 +35,18 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from gdn_kcp.call_checks import resolve_options
 from gdn_kcp.chunk import one_rank_call
 from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.fla_compat import check_cp_context, check_cu_seqlens_cpu, fla_keywords
 from gdn_kcp.fla_compat import states_v_first as swap_state_layout
-from gdn_kcp.gates import InKernelGate, check_gate_flags
+from gdn_kcp.gates import InKernelGate, check_channel_gate_params, check_gate_flags
 from gdn_kcp.kernels.precision import accumulator_dtype
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.recurrent import recurrent_op
 from gdn_kcp.workspace import WorkspaceKcp
-from gdn_kcp.validate import check_flag, check_float_dtype, check_gdn_inputs, check_tensor
+from gdn_kcp.validate import check_flag, check_gdn_inputs, check_tensor
 
 
 def kda_gate(g: torch.Tensor, A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
@@ -85,17 +95,7 @@ def check_kda_gate(g: torch.Tensor, *, A_log, dt_bias, lower_bound, use_gate_in_
             raise ValueError(f"lower_bound must be in [-5, 0) with safe_gate=True and use_gate_in_kernel=True, "
                              f"got {lower_bound}")
         if isinstance(g, torch.Tensor) and g.dim() == 4:
-            HV, K = g.shape[-2:]
-            for name, x, n, what in (("A_log", A_log, HV, "HV"), ("dt_bias", dt_bias, HV * K, "HV * K")):
-                if x is None:
-                    continue
-                if not isinstance(x, torch.Tensor):
-                    raise TypeError(f"{name} must be a torch.Tensor of {what} elements, got {type(x).__name__}")
-                check_float_dtype(name, x)
-                if x.numel() != n:  # any shape, as FLA takes them (its tests pass A_log as [1, 1, HV, 1])
-                    raise ValueError(f"{name} must have {what} = {n} elements, got shape {tuple(x.shape)}")
-                if x.device != g.device:
-                    raise ValueError(f"{name} is on {x.device}, g on {g.device}")
+            check_channel_gate_params(g, A_log, dt_bias)
     if not use_beta_sigmoid_in_kernel:
         return None
     return InKernelGate(None, None, True, 2.0 if allow_neg_eigval else 1.0)
@@ -192,12 +192,16 @@ def chunk_kda(
         initial_state = swap_state_layout(initial_state)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
-    if use_gate_in_kernel:
+    gate = beta_mode
+    if use_gate_in_kernel and lower_bound is None:  # the programs compute it (softplus form)
+        gate = InKernelGate(A_log, dt_bias, beta_mode is not None, 1.0 if beta_mode is None else beta_mode.beta_scale,
+                            channels=dims.K)
+    elif use_gate_in_kernel:
         g = kda_gate(g, A_log, dt_bias, lower_bound)
     options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode="full" if disable_recompute else "light",
                          gate="channel")
     return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
-                         output_final_state, state_v_first, beta_mode)
+                         output_final_state, state_v_first, gate)
 
 
 def kda_kcp(
@@ -242,12 +246,13 @@ def kda_kcp(
         raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
     if isinstance(q, torch.Tensor):
         _check_device(q)
-    if use_gate_in_kernel:
+    if use_gate_in_kernel and lower_bound is not None:  # the lower-bound form: a torch expression ahead
         check_tensor("g", g, 4, "[1, T_r, HV, K]")
-        g = kda_gate(g, A_log, dt_bias, lower_bound)
+        g, use_gate_in_kernel, A_log, dt_bias = kda_gate(g, A_log, dt_bias, lower_bound), False, None, None
+    options = resolve_options(options, use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
     return gdn_kcp(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
-                   output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                   options=replace(options or OptionsKcp(), gate="channel"), workspace=workspace,
+                   output_final_state=output_final_state, options=replace(options, gate="channel"), workspace=workspace,
+                   A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
 
 

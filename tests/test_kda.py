@@ -218,3 +218,72 @@ def test_gate_parameters_in_any_shape_of_their_size():
         assert dA.shape == A_log.shape and db.shape == dt_bias.shape
         results.append((o, dA.flatten(), db.flatten()))
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def _gate_inputs(T=150, HV=2, K=16):
+    q, k, v, _, beta = kda_inputs(T, 1, HV, K, 24, seed=4)  # V != K: o is not gate-shaped
+    gen = torch.Generator().manual_seed(6)
+    raw = torch.randn(1, T, HV, K, generator=gen, dtype=torch.float64)
+    return [q, k, v, raw, beta, torch.randn(HV, generator=gen, dtype=torch.float64),
+            torch.randn(HV * K, generator=gen, dtype=torch.float64)]
+
+
+@pytest.mark.parametrize("entry", ["chunk", "kcp"])
+def test_gate_in_kernel_runs_in_the_programs(entry):
+    """The softplus gate in kernel through the ops' [2, HV, K] parameters
+    (chunk_kda and kda_kcp) equals the gate by hand (kda_gate) ahead of the
+    same call, fp64, every leaf's gradient included; the forward allocates
+    no [T, HV, K] tensor around the programs (no gate)."""
+    from gdn_kcp import build_kcp_context, kda_kcp
+    from test_gate_keywords import NewTensors
+
+    leaves = [x.clone().requires_grad_() for x in _gate_inputs()]
+    q, k, v, raw, beta, A_log, dt_bias = leaves
+    bounds = [0, 40, 40, 150]
+    gate = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    with NewTensors() as seen:
+        if entry == "chunk":
+            o, _ = chunk_kda(q, k, v, raw, beta, cu_seqlens=torch.tensor(bounds), use_qk_l2norm_in_kernel=True, **gate)
+        else:
+            o, _ = kda_kcp(q, k, v, raw, beta, build_kcp_context(bounds), use_qk_l2norm_in_kernel=True, **gate)
+    around = [(op, shape) for op, shape in seen.shapes if shape in ((1, 150, 2, 16), (150, 2, 16))]
+    assert not around, around  # the programs work on chunk layouts [NC, HV, C, K]
+    assert any(shape == (2, 2, 16) for _, shape in seen.shapes)  # the gate parameters
+    ref, _ = chunk_kda(q, k, v, kda_gate(raw, A_log, dt_bias), beta, cu_seqlens=torch.tensor(bounds),
+                       use_qk_l2norm_in_kernel=True)
+    assert max_abs(o, ref) < 1e-12
+    do = torch.randn_like(o)
+    ours = torch.autograd.grad((o * do).sum(), leaves)
+    expected = torch.autograd.grad((ref * do).sum(), leaves)
+    for name, x, y in zip("q k v g beta A_log dt_bias".split(), ours, expected):
+        assert max_abs(x, y) < 1e-11 * max(1.0, float(y.abs().max())) and x.abs().max() > 0, name
+
+
+def test_gate_in_kernel_saves_no_gate():
+    """What autograd keeps for the backward (saved_tensors_hooks, the caller's
+    leaves left out): the gate in kernel keeps what a call on a given gate
+    keeps, plus the [2, HV, K] parameters; the lower-bound form, a torch
+    expression, keeps three fp32 [T, HV, K] tensors (softplus's input and
+    output, and the gate) where the programs keep the raw g, the figure
+    kda.py's docstring states."""
+    T, HV, K = 256, 2, 32
+    q, k, v, raw, beta, A_log, dt_bias = (x.float().requires_grad_() for x in _gate_inputs(T, HV, K))
+
+    def kept(**keywords):
+        storages = {}
+
+        def pack(t):
+            if t.grad_fn is not None or not t.requires_grad:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            chunk_kda(q, k, v, raw.view(1, T, HV, K), beta, use_qk_l2norm_in_kernel=True, **keywords)
+        return sum(storages.values())
+
+    unit = T * HV * K * 4
+    given = kept()
+    in_kernel = kept(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    expression = kept(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0)
+    assert in_kernel - given <= 2 * HV * K * 4 + 64, (in_kernel, given)
+    assert expression - in_kernel >= 3 * unit - raw.nbytes - 2 * HV * K * 4 - 64, (expression, in_kernel, unit)
