@@ -41,7 +41,7 @@ from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
 from gdn_kcp.fla_compat import check_cp_context, check_cu_seqlens_cpu, fla_keywords
 from gdn_kcp.fla_compat import states_v_first as swap_state_layout
-from gdn_kcp.gates import InKernelGate, check_channel_gate_params, check_gate_flags
+from gdn_kcp.gates import InKernelGate, check_channel_gate_params, check_gate_flags, gate_keywords
 from gdn_kcp.kernels.precision import accumulator_dtype
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.recurrent import recurrent_op
@@ -99,6 +99,15 @@ def check_kda_gate(g: torch.Tensor, *, A_log, dt_bias, lower_bound, use_gate_in_
     if not use_beta_sigmoid_in_kernel:
         return None
     return InKernelGate(None, None, True, 2.0 if allow_neg_eigval else 1.0)
+
+
+def _gate_for_ops(g, A_log, dt_bias, lower_bound, use_gate_in_kernel: bool):
+    """``(g, A_log, dt_bias, use_gate_in_kernel)`` as the ops take them: the
+    softplus gate in kernel as given (the programs compute it), the lower-bound
+    form as the torch expression :func:`kda_gate` ahead of them."""
+    if use_gate_in_kernel and lower_bound is not None:
+        return kda_gate(g, A_log, dt_bias, lower_bound), None, None, False
+    return g, A_log, dt_bias, use_gate_in_kernel
 
 
 def _check_device(q: torch.Tensor) -> None:
@@ -174,10 +183,9 @@ def chunk_kda(
     if return_intermediate_states:
         raise ValueError("return_intermediate_states=True (flash-linear-attention's inference form, the chunk "
                          "states h) is not taken: gdn_kcp's calls return (o, final_state) only")
-    beta_mode = check_kda_gate(g, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                               use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
-                               use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                               allow_neg_eigval=allow_neg_eigval)
+    check_kda_gate(g, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, use_gate_in_kernel=use_gate_in_kernel,
+                   safe_gate=safe_gate, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                   allow_neg_eigval=allow_neg_eigval)
     host_bounds = check_cu_seqlens_cpu(cu_seqlens_cpu, cu_seqlens)
     dims, bounds = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                     cu_seqlens=cu_seqlens, cu_seqlens_host=host_bounds,
@@ -192,12 +200,10 @@ def chunk_kda(
         initial_state = swap_state_layout(initial_state)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
-    gate = beta_mode
-    if use_gate_in_kernel and lower_bound is None:  # the programs compute it (softplus form)
-        gate = InKernelGate(A_log, dt_bias, beta_mode is not None, 1.0 if beta_mode is None else beta_mode.beta_scale,
-                            channels=dims.K)
-    elif use_gate_in_kernel:
-        g = kda_gate(g, A_log, dt_bias, lower_bound)
+    g, A_log, dt_bias, use_gate_in_kernel = _gate_for_ops(g, A_log, dt_bias, lower_bound, use_gate_in_kernel)
+    gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                         per_channel=True)
     options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode="full" if disable_recompute else "light",
                          gate="channel")
     return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
@@ -246,9 +252,9 @@ def kda_kcp(
         raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
     if isinstance(q, torch.Tensor):
         _check_device(q)
-    if use_gate_in_kernel and lower_bound is not None:  # the lower-bound form: a torch expression ahead
+    if use_gate_in_kernel and lower_bound is not None:  # kda_gate reads g's last two dims
         check_tensor("g", g, 4, "[1, T_r, HV, K]")
-        g, use_gate_in_kernel, A_log, dt_bias = kda_gate(g, A_log, dt_bias, lower_bound), False, None, None
+    g, A_log, dt_bias, use_gate_in_kernel = _gate_for_ops(g, A_log, dt_bias, lower_bound, use_gate_in_kernel)
     options = resolve_options(options, use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
     return gdn_kcp(q, k, v, g, beta, ctx, scale=scale, initial_state=initial_state,
                    output_final_state=output_final_state, options=replace(options, gate="channel"), workspace=workspace,
