@@ -22,7 +22,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     demo = commands.add_parser(
         "demo", formatter_class=with_defaults,
         help="KCP over R CPU processes against one rank, train a small GDN layer on CPU, then a "
-             "GatedDeltaNet byte LM on the standard library's .py files with KCP over R processes"
+             "GatedDeltaNet (--layer kda: KimiDeltaAttention) byte LM on the standard library's .py files "
+             "with KCP over R processes"
     )
     demo.add_argument("--ranks", type=int_in(1, MAX_DEMO_RANKS), default=4,
                       help=f"processes of the KCP run (gloo), 1 to {MAX_DEMO_RANKS}")
@@ -33,6 +34,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     demo.add_argument("--lm-steps", type=non_negative_int, default=120,
                       help="training steps of the byte LM (KCP over --ranks processes)")
     demo.add_argument("--lm-bytes", type=positive_int, default=256, help="bytes per rank per step of the byte LM")
+    demo.add_argument("--layer", choices=("gdn", "kda"), default="gdn",
+                      help="the byte LM's token mixer: GatedDeltaNet (gdn) or KimiDeltaAttention (kda, a gate per "
+                           "key channel)")
     demo.add_argument("--lm-compile", action="store_true",
                       help="run the byte LM under torch.compile(fullgraph=True): one graph for every packing "
                            "(compiling takes minutes on 2 cores)")
@@ -61,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         print()
         run_demo(steps=args.steps, T=args.tokens)
         print()
-        run_lm_demo(R=args.ranks, steps=args.lm_steps, T_rank=args.lm_bytes, compile=args.lm_compile)
+        run_lm_demo(R=args.ranks, steps=args.lm_steps, T_rank=args.lm_bytes, compile=args.lm_compile,
+                    layer=args.layer)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,10 @@ def chunk_kda(
     cp_context: object = None,
     use_graph: bool = False,
     max_num_seqs: int | None = None,
+    *,
+    save_mode: str | None = None,
+    reuse_recompute_tapes: bool | str | None = None,
+    recompute_output: str = "auto",
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KDA on one rank, chunked (C = 64), with an explicit backward:
@@ -158,6 +162,11 @@ def chunk_kda(
         safe_gate, lower_bound: checked as FLA checks them; the gate is exact
             here at any value, so safe_gate changes nothing.
         disable_recompute: keep every forward tape (``save_mode="full"``).
+        save_mode, reuse_recompute_tapes, recompute_output: the call's
+            ``OptionsKcp`` fields (not FLA's), as for
+            :func:`gdn_kcp.chunk_gated_delta_rule`; ``save_mode`` defaults to
+            ``"light"`` (``"full"`` with ``disable_recompute``, which no
+            other save mode may contradict).
         return_intermediate_states: refused (FLA's inference-only form).
         cp_context: refused: KCP is :func:`kda_kcp`.
         use_graph, max_num_seqs: accepted; a fixed-length ``cu_seqlens`` is
@@ -204,7 +213,13 @@ def chunk_kda(
     gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                          per_channel=True)
-    options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode="full" if disable_recompute else "light",
+    if disable_recompute and save_mode not in (None, "full"):
+        raise ValueError(f"disable_recompute=True keeps every tape (save_mode='full'); it contradicts "
+                         f"save_mode={save_mode!r}")
+    if save_mode is None:
+        save_mode = "full" if disable_recompute else "light"
+    options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode,
+                         reuse_recompute_tapes=reuse_recompute_tapes, recompute_output=recompute_output,
                          gate="channel")
     return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
                          output_final_state, state_v_first, gate)

@@ -1,15 +1,16 @@
-"""The GatedDeltaNet layer under KCP on real gloo groups: every rank's rows and
-the parameter gradients summed over the ranks equal the one-rank layer on the
-whole stream (fp64)."""
+"""The GatedDeltaNet and KimiDeltaAttention layers under KCP on real gloo
+groups: every rank's rows and the parameter gradients summed over the ranks
+equal the one-rank layer on the whole stream (fp64)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from gdn_kcp import build_kcp_context, gdn_comm_bytes_kcp, gdn_saved_layout_kcp
+from gdn_kcp import (build_kcp_context, gdn_comm_bytes_kcp, gdn_saved_layout_kcp, kda_comm_bytes_kcp,
+                     kda_saved_layout_kcp)
 from gdn_kcp.exchange import record_comm_bytes
-from gdn_kcp.layers import GatedDeltaNet
+from gdn_kcp.layers import GatedDeltaNet, KimiDeltaAttention
 
 # (bounds, ranges) per R: documents crossing one and several ranks, a rank of
 # one token (the halo reaches two ranks back), an empty rank, zero-length documents
@@ -25,10 +26,17 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0  # an empty rank holds no row
 
 
-def make_layer() -> GatedDeltaNet:
+LAYERS = {
+    # kind: (layer, its comm-bytes and saved-layout queries)
+    "gdn": (GatedDeltaNet, gdn_comm_bytes_kcp, gdn_saved_layout_kcp),
+    "kda": (KimiDeltaAttention, kda_comm_bytes_kcp, kda_saved_layout_kcp),
+}
+
+
+def make_layer(kind: str = "gdn"):
     torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2, num_v_heads=4, conv_bias=True).double()
-    with torch.no_grad():
+    layer = LAYERS[kind][0](hidden_size=32, head_dim=8, num_heads=2, num_v_heads=4, conv_bias=True).double()
+    with torch.no_grad():  # a decay that does not vanish in a few tokens
         layer.A_log.copy_(torch.linspace(-3, -1, layer.num_v_heads))
     return layer
 
@@ -47,7 +55,7 @@ def conv_node(o: torch.Tensor):
     raise AssertionError("no short convolution node under o")
 
 
-def conv_kept_bytes(o: torch.Tensor, layer: GatedDeltaNet, ctx) -> int:
+def conv_kept_bytes(o: torch.Tensor, layer, ctx) -> int:
     """Bytes the convolution keeps besides the parameters and the context's index
     tables, less its own [T_r, D] input (which it keeps on one rank too): the
     halo that OptionsKcp(with_conv=True) counts."""
@@ -57,10 +65,11 @@ def conv_kept_bytes(o: torch.Tensor, layer: GatedDeltaNet, ctx) -> int:
     return sum(t.numel() * t.element_size() for t in kept) - o.shape[1] * D * o.element_size()
 
 
-def check_layer_on_rank(rank: int, R: int) -> None:
+def check_layer_on_rank(rank: int, R: int, kind: str = "gdn") -> None:
+    _, comm_bytes, saved_layout = LAYERS[kind]
     for bounds, ranges in LAYER_CASES[R]:
         for max_docs in (None, len(bounds) + 1):
-            layer = make_layer()
+            layer = make_layer(kind)
             T = bounds[-1]
             gen = torch.Generator().manual_seed(1)
             x = torch.randn(1, T, 32, generator=gen, dtype=torch.float64)
@@ -76,17 +85,17 @@ def check_layer_on_rank(rank: int, R: int) -> None:
                 o, _, _ = layer(mine, kcp_context=ctx)
                 kept = conv_kept_bytes(o, layer, ctx)
                 grads = torch.autograd.grad((o * do[:, start:end]).sum(), [mine, *layer.parameters()])
-            where = (R, rank, bounds, max_docs)
+            where = (kind, R, rank, bounds, max_docs)
             # with_conv=True: the halo's traffic and the rows the convolution keeps equal the queries exactly
             shapes = dict(H_qk=layer.num_heads, HV=layer.num_v_heads, K=layer.head_k_dim, V=layer.head_v_dim)
             options = layer.kcp_options()
             assert options.with_conv and options.conv_size == layer.conv_size
-            queried = gdn_comm_bytes_kcp(ctx, shapes["HV"], shapes["K"], shapes["V"], dtype=torch.float64,
+            queried = comm_bytes(ctx, shapes["HV"], shapes["K"], shapes["V"], dtype=torch.float64,
                                          options=options, H_qk=shapes["H_qk"])
             assert set(queried) == {"c1", "c2", "b1", "b2", "halo", "halo_grad"}, where
             for name, figure in queried.items():
                 assert log.get(name, {"send": 0, "recv": 0}) == figure, (where, name, log.get(name), figure)
-            saved = gdn_saved_layout_kcp(ctx, **shapes, dtype=torch.float64, options=options)
+            saved = saved_layout(ctx, **shapes, dtype=torch.float64, options=options)
             halo = saved.get("conv_halo")
             assert kept == (halo.nbytes if halo else 0), (where, kept, halo)
             assert (halo is not None) == (R > 1), where
@@ -99,12 +108,12 @@ def check_layer_on_rank(rank: int, R: int) -> None:
                 assert max_abs(total, expected) < 1e-9, (where, name, max_abs(total, expected))
 
 
-def layer_compiles_once(rank: int, R: int) -> None:
+def layer_compiles_once(rank: int, R: int, kind: str = "gdn") -> None:
     """The layer with kcp_context under torch.compile(fullgraph=True) over
     three capped packings: one graph (a recompile raises), equal to eager."""
     from torch._dynamo.utils import counters
 
-    layer = make_layer()
+    layer = make_layer(kind)
     compiled = torch.compile(layer, fullgraph=True)
     torch._dynamo.reset()
     counters.clear()

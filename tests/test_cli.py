@@ -47,6 +47,7 @@ REFUSED = [
     "demo --ranks 4 --kcp-tokens 3",
     "demo --steps -1",
     "demo --tokens 0",
+    "demo --layer rnn",
 ]
 
 
@@ -126,7 +127,9 @@ demo --ranks 4 --kcp-tokens 3
 demo --steps -1
   python -m gdn_kcp demo: error: argument --steps: must be a non-negative integer, got -1
 demo --tokens 0
-  python -m gdn_kcp demo: error: argument --tokens: must be a positive integer, got 0""")
+  python -m gdn_kcp demo: error: argument --tokens: must be a positive integer, got 0
+demo --layer rnn
+  python -m gdn_kcp demo: error: argument --layer: invalid choice: 'rnn' (choose from 'gdn', 'kda')""")
 
     def test_budget_help_shows_every_default(self):
         code, out, err = run_cli("budget --help")
@@ -212,7 +215,7 @@ options:
         self.assertExpectedInline(out, """\
 usage: python -m gdn_kcp demo [-h] [--ranks RANKS] [--kcp-tokens KCP_TOKENS] [--steps STEPS]
                               [--tokens TOKENS] [--lm-steps LM_STEPS] [--lm-bytes LM_BYTES]
-                              [--lm-compile]
+                              [--layer {gdn,kda}] [--lm-compile]
 
 options:
   -h, --help            show this help message and exit
@@ -224,6 +227,8 @@ options:
   --tokens TOKENS       tokens per training batch (default: 1024)
   --lm-steps LM_STEPS   training steps of the byte LM (KCP over --ranks processes) (default: 120)
   --lm-bytes LM_BYTES   bytes per rank per step of the byte LM (default: 256)
+  --layer {gdn,kda}     the byte LM's token mixer: GatedDeltaNet (gdn) or KimiDeltaAttention (kda,
+                        a gate per key channel) (default: gdn)
   --lm-compile          run the byte LM under torch.compile(fullgraph=True): one graph for every
                         packing (compiling takes minutes on 2 cores) (default: False)
 """)

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def no_numpy_env(tmp_path) -> dict[str, str]:
     """The environment with a ``numpy`` package first on the path whose import
@@ -46,16 +48,18 @@ def test_demo_runs_without_numpy(tmp_path):
     assert lines[continuation + 1] == "--- prompt ---" and "--- continuation ---" in lines[continuation + 2:]
 
 
-def test_generation_through_the_caches_equals_the_full_forward():
+@pytest.mark.parametrize("layer", ["gdn", "kda"])
+def test_generation_through_the_caches_equals_the_full_forward(layer):
     """The byte LM's cached decoding (prefill, then one step per byte) gives
     the logits of running the whole sequence at once, so its greedy bytes are
-    the full forward's argmax at every position."""
+    the full forward's argmax at every position (GatedDeltaNet's and
+    KimiDeltaAttention's layers)."""
     import torch
 
     from gdn_kcp.demo.byte_lm import ByteLM
 
     torch.manual_seed(0)
-    model = ByteLM().double()
+    model = ByteLM(layer).double()
     prompt = b"def main():\n    return "
     text, seconds = model.generate(prompt, 12)
     assert len(text) == 12 and seconds > 0 and model.training

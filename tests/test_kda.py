@@ -85,15 +85,16 @@ def test_fp64_matches_the_kda_oracle(T, K, V, H_qk, HV, docs, l2, h0):
     assert_exact(compare(inputs, documents(T, docs), l2=l2, h0=h0), f"T={T} K={K} V={V}")
 
 
-@pytest.mark.parametrize("disable_recompute", [False, True])
-def test_every_save_mode_and_hard_resets(disable_recompute):
+@pytest.mark.parametrize("keywords", [{}, dict(disable_recompute=True), dict(save_mode="inverse"),
+                                      dict(save_mode="full", recompute_output="always")], ids=str)
+def test_every_save_mode_and_hard_resets(keywords):
     """A channel reset (-inf) on every token of one document and -1000 gates
-    elsewhere: exact, and the same in the light and full save modes."""
+    elsewhere: exact in every save mode (FLA's disable_recompute, and ours)."""
     inputs = kda_inputs(140, 1, 2, 32, 16, seed=3)
     inputs[3][0, 70:100, 1, 5] = float("-inf")
     inputs[3][0, 20:30, 0, :] = -1000.0
-    results = compare(inputs, [0, 70, 100, 140], l2=True, h0=True, disable_recompute=disable_recompute)
-    assert_exact(results, f"disable_recompute={disable_recompute}")
+    results = compare(inputs, [0, 70, 100, 140], l2=True, h0=True, **keywords)
+    assert_exact(results, str(keywords))
 
 
 @pytest.mark.parametrize("lower_bound,with_A_log", [(None, True), (-5.0, True), (-2.0, False)])
@@ -156,6 +157,8 @@ REFUSALS = [
     (dict(max_num_seqs=3, cu_seqlens=torch.tensor([0, 4, 10])), ValueError, "max_num_seqs = 3"),
     (dict(initial_state=torch.zeros(1, 2, 8, 4, dtype=torch.bfloat16)), TypeError, "initial_state must be float32"),
     (dict(bogus=1), TypeError, "unexpected keyword"),
+    (dict(disable_recompute=True, save_mode="light"), ValueError, "disable_recompute=True keeps every tape"),
+    (dict(save_mode="most"), ValueError, "save_mode"),
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from plain_layers import assert_layer_equals_plain, plain_qkv
 from torch.nn import functional as F
 
 from gdn_kcp import naive_recurrence
@@ -123,25 +124,14 @@ def test_padding_and_packing_errors_name_the_public_argument():
 def plain_layer(layer: GatedDeltaNet, x: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     """The layer's math in plain torch, document by document: conv1d with
     zero history, the fp64 naive recurrence, RMS norm with the SiLU gate."""
-    H, HV, K, V = layer.num_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+    HV, V = layer.num_v_heads, layer.head_v_dim
     outputs = []
     for start, end in zip(bounds, bounds[1:]):
         if end == start:  # a zero-length document holds no row
             continue
         xd = x[:, start:end]
         T = end - start
-
-        def conv(proj, conv1d):
-            y = proj(xd)
-            if not layer.use_short_conv:
-                return F.silu(y)
-            W = conv1d.weight.shape[-1]
-            y = F.conv1d(F.pad(y.transpose(1, 2), (W - 1, 0)), conv1d.weight, conv1d.bias, groups=y.shape[-1])
-            return F.silu(y.transpose(1, 2))
-
-        q = conv(layer.q_proj, getattr(layer, "q_conv1d", None)).view(1, T, H, K)
-        k = conv(layer.k_proj, getattr(layer, "k_conv1d", None)).view(1, T, H, K)
-        v = conv(layer.v_proj, getattr(layer, "v_conv1d", None)).view(1, T, HV, V)
+        q, k, v = plain_qkv(layer, xd)
         g = -layer.A_log.exp() * F.softplus(layer.a_proj(xd) + layer.dt_bias)
         beta = layer.b_proj(xd).sigmoid() * (2 if layer.allow_neg_eigval else 1)
         o, _ = naive_recurrence(q, k, v, g, beta, use_qk_l2norm=True)
@@ -162,14 +152,7 @@ def test_layer_equals_the_plain_composition(kwargs):
     layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2, **kwargs).double()
     with torch.no_grad():  # a decay that does not vanish in a few tokens
         layer.A_log.copy_(torch.linspace(-3, -1, layer.num_v_heads))
-    x = torch.randn(1, BOUNDS[-1], 32, dtype=torch.float64, requires_grad=True)
-    params = [x, *layer.parameters()]
-    ours, _, _ = layer(x, cu_seqlens=torch.tensor(BOUNDS))
-    ref = plain_layer(layer, x, BOUNDS)
-    assert (ours - ref).abs().max() < 1e-9
-    do = torch.randn_like(ours)
-    for a, b in zip(torch.autograd.grad((ours * do).sum(), params), torch.autograd.grad((ref * do).sum(), params)):
-        assert (a - b).abs().max() < 1e-9
+    assert_layer_equals_plain(layer, plain_layer, BOUNDS)
 
 
 def test_layer_with_a_held_workspace():

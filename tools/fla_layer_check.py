@@ -1,12 +1,13 @@
-"""flash-linear-attention's own ``GatedDeltaNet`` layer against ours, on the CPU.
+"""flash-linear-attention's own ``GatedDeltaNet`` and ``KimiDeltaAttention``
+layers against ours, on the CPU.
 
-FLA's layer (flash-linear-attention 0.5.1 over fla-core 0.5.1) runs its Triton
+FLA's layers (flash-linear-attention 0.5.1 over fla-core 0.5.1) run their Triton
 kernels under triton 3.6's interpreter; ours loads FLA's state dict with
 ``strict=True`` and runs in fp64. Compared, each as ``max |ours - FLA| /
 max |FLA|``: training forwards (batch rows, packed ``cu_seqlens``), the
 gradients of every parameter, left-padded ``attention_mask`` rows, and eval
 generation through one cache protocol (a prefill, then one-token steps; FLA's
-layer takes its ``fused_recurrent`` path there, ours its recurrent step).
+layers take their ``fused_recurrent`` paths there, ours the recurrent step).
 
 Usage (``make fla-layer-check`` downloads the site)::
 
@@ -16,6 +17,8 @@ FLA's kernels were written for a GPU; three interpreter shortcomings are patched
 here at run time (nothing of FLA's is changed): a one-element loop bound as a
 ``range`` argument, loop counters as Triton scalars (``i_t.to(tl.int64)``),
 and autotuning (the interpreter cannot time; the first configuration runs).
+KDA's ``safe_gate`` kernel takes FLA's own path for Tritons without
+``tl.gather`` (see :func:`import_fla_layers`).
 
 FLA computes in fp32 here, ours in fp64; every figure must stay within
 ``TOLERANCE`` (fp32's class: the measured worst is printed, about 1e-6).
@@ -31,13 +34,21 @@ import types
 
 TOLERANCE = 1e-4
 CONFIGS = {
-    # name: FLA's constructor keywords (GVA, conv bias, no-gate, no-conv, negative eigenvalues)
-    "gva_conv_bias": dict(hidden_size=48, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1.5,
-                          conv_bias=True),
-    "no_conv_neg_eig": dict(hidden_size=32, head_dim=16, num_heads=2, expand_v=1, use_short_conv=False,
-                            allow_neg_eigval=True),
-    "no_gate_conv3": dict(hidden_size=32, head_dim=16, num_heads=1, num_v_heads=2, expand_v=1, use_gate=False,
-                          conv_size=3),
+    # name: (layer, FLA's constructor keywords): GVA, conv bias, no-gate, no-conv, negative eigenvalues;
+    # KDA's lower-bound gate with safe_gate (FLA's bounded-gate kernels) and without A_log's softplus
+    "gva_conv_bias": ("GatedDeltaNet", dict(hidden_size=48, head_dim=16, num_heads=2, num_v_heads=4,
+                                            expand_v=1.5, conv_bias=True)),
+    "no_conv_neg_eig": ("GatedDeltaNet", dict(hidden_size=32, head_dim=16, num_heads=2, expand_v=1,
+                                              use_short_conv=False, allow_neg_eigval=True)),
+    "no_gate_conv3": ("GatedDeltaNet", dict(hidden_size=32, head_dim=16, num_heads=1, num_v_heads=2, expand_v=1,
+                                            use_gate=False, conv_size=3)),
+    "kda_gva_conv_bias": ("KimiDeltaAttention", dict(hidden_size=48, head_dim=16, num_heads=2, num_v_heads=4,
+                                                     expand_v=1.5, conv_bias=True)),
+    "kda_no_conv_neg_eig_lower_bound": ("KimiDeltaAttention", dict(
+        hidden_size=32, head_dim=16, num_heads=2, expand_v=1, use_short_conv=False, allow_neg_eigval=True,
+        safe_gate=True, lower_bound=-5.0)),
+    "kda_conv3_lower_bound": ("KimiDeltaAttention", dict(hidden_size=32, head_dim=32, num_heads=1, num_v_heads=2,
+                                                         expand_v=0.5, conv_size=3, lower_bound=-2.0)),
 }
 T, PREFILL, STEPS = 40, 9, 5
 
@@ -72,17 +83,23 @@ def patch_interpreter() -> None:
     autotuner.Autotuner.__init__ = first_config
 
 
-def import_fla_layer(site: str):
-    """FLA's layer module alone: ``fla.layers``' package init imports every layer, some of
-    which need transformers; the layer itself does not."""
+def import_fla_layers() -> dict:
+    """FLA's layer modules alone: ``fla.layers``' package init imports every layer, some of
+    which need transformers; these two do not."""
     import fla
 
     package = types.ModuleType("fla.layers")
     package.__path__ = [os.path.join(os.path.dirname(fla.__file__), "layers")]
     sys.modules["fla.layers"] = package
     from fla.layers.gated_deltanet import GatedDeltaNet
+    from fla.layers.kda import KimiDeltaAttention
+    from fla.ops.kda import chunk_intra
 
-    return GatedDeltaNet
+    # safe_gate's sub-chunk kernel reads a row of the gate with tl.gather through FLA's module-level alias,
+    # which the interpreter cannot call (it patches tl's functions when a kernel runs, after the alias was
+    # taken); FLA's own fallback for Tritons without gather loads the same row from memory instead
+    chunk_intra.IS_GATHER_SUPPORTED = False
+    return {"GatedDeltaNet": GatedDeltaNet, "KimiDeltaAttention": KimiDeltaAttention}
 
 
 def relative(ours, fla) -> float:
@@ -90,17 +107,17 @@ def relative(ours, fla) -> float:
     return float((ours - fla).abs().max() / fla.abs().max())
 
 
-def pair(FlaLayer, config: dict, seed: int):
+def pair(FlaLayer, name: str, config: dict, seed: int):
     import torch
 
-    from gdn_kcp.layers import GatedDeltaNet
+    from gdn_kcp import layers
 
     torch.manual_seed(seed)
     fla = FlaLayer(layer_idx=0, **config)
     with torch.no_grad():  # FLA zero-initialises nothing we compare on, but make every term count
         for p in fla.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    ours = GatedDeltaNet(layer_idx=0, **config).double()
+    ours = getattr(layers, name)(layer_idx=0, **config).double()
     ours.load_state_dict({k: v.double() for k, v in fla.state_dict().items()}, strict=True)
     return fla, ours
 
@@ -151,8 +168,11 @@ def check_generation(fla, ours, x, rows: dict) -> None:
             worst_step = max(worst_step, relative(o_ours, o_fla))
     rows["generation: prefill"] = worst_prefill
     rows[f"generation: {STEPS} decode steps (worst)"] = worst_step
-    # FLA keeps the recurrent state V-first, ours K-first: same numbers, transposed
-    state_fla = cache_fla[0]["recurrent_state"].transpose(-1, -2)
+    # FLA keeps the recurrent states V-first; our GDN layer K-first (same numbers, transposed), our KDA layer
+    # V-first as FLA's KDA layer
+    state_fla = cache_fla[0]["recurrent_state"]
+    if not ours.STATE_V_FIRST:
+        state_fla = state_fla.transpose(-1, -2)
     rows["generation: final recurrent state"] = relative(cache_ours[0]["recurrent_state"], state_fla)
 
 
@@ -168,10 +188,10 @@ def main() -> int:
     if triton.__version__ != "3.6.0":
         raise SystemExit(f"--site must hold triton 3.6.0 (FLA 0.5.1's kernels), found {triton.__version__}")
     patch_interpreter()
-    FlaLayer = import_fla_layer(args.site)
+    fla_layers = import_fla_layers()
     failures = 0
-    for seed, (name, config) in enumerate(CONFIGS.items()):
-        fla, ours = pair(FlaLayer, config, seed)
+    for seed, (name, (layer, config)) in enumerate(CONFIGS.items()):
+        fla, ours = pair(fla_layers[layer], layer, config, seed)
         x = torch.randn(2, T, config["hidden_size"], generator=torch.Generator().manual_seed(seed + 100))
         rows: dict[str, float] = {}
         check_training(fla, ours, x, rows)
@@ -180,12 +200,12 @@ def main() -> int:
         rows.update({f"cu_seqlens {k}": v for k, v in packed.items()})
         check_mask(fla, ours, x, rows)
         check_generation(fla, ours, x, rows)
-        print(f"{name}: {config}")
+        print(f"{name}: {layer} {config}")
         for what, error in rows.items():
             ok = error <= TOLERANCE
             failures += not ok
             print(f"  {what:<42} {error:9.2e}  {'ok' if ok else 'FAIL'}")
-    print(f"{'all within' if not failures else f'{failures} above'} {TOLERANCE:g} of FLA's layer")
+    print(f"{'all within' if not failures else f'{failures} above'} {TOLERANCE:g} of FLA's layers")
     return 1 if failures else 0
 
 

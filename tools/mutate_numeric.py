@@ -97,6 +97,9 @@ TEST_MAP = {
     "gdn_kcp/layers/cache.py": ("tests/test_layer_decode.py",),
     "gdn_kcp/layers/gated_deltanet.py": ("tests/test_layer.py", "tests/test_layer_decode.py",
                                          "tests/test_layer_kcp.py"),
+    "gdn_kcp/layers/delta_layer.py": ("tests/test_layer.py", "tests/test_layer_decode.py",
+                                      "tests/test_layer_kcp.py", "tests/test_kda_layer.py"),
+    "gdn_kcp/layers/kimi_delta_attention.py": ("tests/test_kda_layer.py",),
     "gdn_kcp/layers/": ("tests/test_layer.py", "tests/test_layer_kcp.py"),
 }
 """The test files a maintainer runs for a change to each path (the first

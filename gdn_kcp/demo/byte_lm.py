@@ -1,5 +1,5 @@
 """The training part of the demo: a small byte-level language model with two
-GatedDeltaNet layers, trained with KCP on R gloo processes, on a corpus every
+GatedDeltaNet layers (KimiDeltaAttention layers with ``layer="kda"``), trained with KCP on R gloo processes, on a corpus every
 machine has: the ``.py`` files of Python's own standard library, one document
 each. Every step packs random pieces of the training files into one stream of
 ``R * T_r`` bytes, which the ranks split (documents cross ranks); a capped
@@ -27,13 +27,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from gdn_kcp.context import build_kcp_context
-from gdn_kcp.layers import Cache, GatedDeltaNet
+from gdn_kcp.layers import Cache, GatedDeltaNet, KimiDeltaAttention
 from gdn_kcp.parallel import check_cp_gradients
 
 HIDDEN, LAYERS, VOCAB = 64, 2, 256
 MIN_PIECE, MAX_PIECE = 48, 768
 """Bytes of a packed piece: at most T / MIN_PIECE + 1 documents per stream."""
 PROMPT_BYTES, GENERATED_BYTES = 160, 120
+MIXERS = {"gdn": GatedDeltaNet, "kda": KimiDeltaAttention}
+"""The token mixer of a block, by ``--layer``: the same heads and dims for both."""
 
 
 def corpus() -> tuple[list[bytes], list[bytes]]:
@@ -58,26 +60,28 @@ def pack(docs: list[bytes], T: int, rng: random.Random) -> tuple[torch.Tensor, l
 
 
 class Block(nn.Module):
-    def __init__(self, layer_idx: int) -> None:
+    def __init__(self, layer_idx: int, layer: str = "gdn") -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(HIDDEN), nn.RMSNorm(HIDDEN)
-        self.gdn = GatedDeltaNet(hidden_size=HIDDEN, head_dim=16, num_heads=2, expand_v=2, layer_idx=layer_idx)
+        self.mixer = MIXERS[layer](hidden_size=HIDDEN, head_dim=16, num_heads=2, expand_v=2, layer_idx=layer_idx)
         self.mlp = nn.Sequential(nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Linear(4 * HIDDEN, HIDDEN))
 
     def forward(self, x, ctx=None, cache=None):
         """This rank's rows under ``ctx`` (training), or rows continuing ``cache`` (decoding)."""
         if ctx is not None:
-            x = x + self.gdn(self.norm1(x), kcp_context=ctx)[0]
+            x = x + self.mixer(self.norm1(x), kcp_context=ctx)[0]
         else:
-            x = x + self.gdn(self.norm1(x), past_key_values=cache, use_cache=cache is not None)[0]
+            x = x + self.mixer(self.norm1(x), past_key_values=cache, use_cache=cache is not None)[0]
         return x + self.mlp(self.norm2(x))
 
 
 class ByteLM(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, layer: str = "gdn") -> None:
         super().__init__()
+        if layer not in MIXERS:
+            raise ValueError(f"layer must be one of {tuple(MIXERS)}, got {layer!r}")
         self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.ModuleList(Block(i) for i in range(LAYERS))
+        self.blocks = nn.ModuleList(Block(i, layer) for i in range(LAYERS))
         self.norm = nn.RMSNorm(HIDDEN)
         self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
 
@@ -135,7 +139,8 @@ def rank_loss(model, stream, bounds, max_docs):
     return (loss * valid).sum(), valid.sum()
 
 
-def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int, compile: bool) -> None:
+def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int, compile: bool,
+           layer: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=R)
     try:
@@ -143,7 +148,7 @@ def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int
         T = R * T_rank
         max_docs = T // MIN_PIECE + 1
         torch.manual_seed(seed)  # the same initial weights on every rank
-        model = ByteLM()
+        model = ByteLM(layer)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
         # one graph for every step: the capped context's caps are the only ints it holds
         run = torch.compile(model, fullgraph=True) if compile else model
@@ -151,7 +156,7 @@ def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int
         evals = [pack(held_out, T, eval_rng) for _ in range(2)]
         rng = random.Random(seed)  # the same packings on every rank
         if rank == 0:
-            print(f"training a {LAYERS}-layer GatedDeltaNet byte LM ({sum(p.numel() for p in model.parameters()):,} "
+            print(f"training a {LAYERS}-layer {MIXERS[layer].__name__} byte LM ({sum(p.numel() for p in model.parameters()):,} "
                   f"parameters) with KCP on {R} gloo processes: {len(train)} + {len(held_out)} held-out stdlib "
                   f"files, {T} bytes per step, {T_rank} per rank, max_docs = {max_docs}"
                   f"{', torch.compile(fullgraph=True)' if compile else ''}")
@@ -193,9 +198,13 @@ def _train(rank: int, R: int, init_file: str, steps: int, T_rank: int, seed: int
         dist.destroy_process_group()
 
 
-def run_lm_demo(R: int = 4, steps: int = 120, T_rank: int = 256, seed: int = 0, compile: bool = False) -> None:
+def run_lm_demo(R: int = 4, steps: int = 120, T_rank: int = 256, seed: int = 0, compile: bool = False,
+                layer: str = "gdn") -> None:
     """Train on R processes; rank 0 prints the held-out bits per byte. With
-    ``compile``, the model runs under ``torch.compile(fullgraph=True)``."""
+    ``compile``, the model runs under ``torch.compile(fullgraph=True)``;
+    ``layer``: ``"gdn"`` (GatedDeltaNet) or ``"kda"`` (KimiDeltaAttention)."""
+    if layer not in MIXERS:
+        raise ValueError(f"layer must be one of {tuple(MIXERS)}, got {layer!r}")
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_train, args=(R, os.path.join(tmp, "rendezvous"), steps, T_rank, seed, compile), nprocs=R,
+        mp.spawn(_train, args=(R, os.path.join(tmp, "rendezvous"), steps, T_rank, seed, compile, layer), nprocs=R,
                  join=True)
