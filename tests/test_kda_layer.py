@@ -15,7 +15,7 @@ from plain_layers import assert_layer_equals_plain, plain_qkv
 from spawn import spawn_ranks
 from torch.nn import functional as F
 
-from gdn_kcp import OptionsKcp, chunk_kda, kda_gate, naive_kda_recurrence
+from gdn_kcp import OptionsKcp, chunk_kda, naive_kda_recurrence
 from gdn_kcp.layers import Cache, KimiDeltaAttention
 
 BOUNDS = [0, 3, 3, 70, 131]  # one, zero-length, a chunk and more, a second chunk boundary
@@ -51,6 +51,7 @@ def expected_parameters(hidden_size=2048, expand_v=1, head_dim=128, num_heads=16
     dict(hidden_size=32, head_dim=8, num_heads=2, conv_size=3, conv_bias=True),
 ])
 def test_parameter_names_shapes_and_initialisation_are_fla_s(kwargs):
+    torch.manual_seed(0)
     layer = KimiDeltaAttention(**kwargs)
     ours = {name: tuple(p.shape) for name, p in layer.state_dict().items()}
     assert ours == expected_parameters(**kwargs)
@@ -62,9 +63,28 @@ def test_parameter_names_shapes_and_initialisation_are_fla_s(kwargs):
     dt = F.softplus(layer.dt_bias)
     assert dt.min() >= 1e-4 * (1 - 1e-5) and dt.max() <= 0.1 * (1 + 1e-5)
     assert layer.A_log._no_weight_decay and layer.dt_bias._no_weight_decay
+    assert layer.A_log.dtype == layer.dt_bias.dtype == torch.float32
     assert layer.o_norm.activation == "sigmoid"
     layer.load_state_dict({name: torch.zeros(shape) for name, shape in expected_parameters(**kwargs).items()},
                           strict=True)
+
+
+def test_initialisation_draws_fla_s_distributions():
+    """4,096 value heads: A = exp(A_log) uniform in [1, 16] (GDN's layer draws
+    [0, 16]), dt = softplus(dt_bias) log-uniform in [1e-3, 0.1], both fp32
+    under any default dtype, as FLA pins them."""
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        layer = KimiDeltaAttention(hidden_size=8, head_dim=4, num_heads=1, num_v_heads=4096)
+    finally:
+        torch.set_default_dtype(default)
+    assert layer.A_log.dtype == layer.dt_bias.dtype == torch.float32
+    A = layer.A_log.exp()
+    assert A.min() >= 1 and A.max() <= 16 and abs(A.mean().item() - 8.5) < 0.3
+    log_dt = F.softplus(layer.dt_bias.double()).log()
+    assert abs(log_dt.mean().item() - (math.log(0.1) + math.log(1e-3)) / 2) < 0.05
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -158,8 +178,6 @@ def test_cached_state_is_fla_s_layout():
     held = cache[0]["recurrent_state"]
     assert held.shape == (2, 4, layer.head_v_dim, layer.head_k_dim)  # [N, HV, V, K]
     assert (held - state.transpose(-1, -2)).abs().max() < 1e-12
-    assert torch.equal(kda_gate(g, layer.A_log, layer.dt_bias),
-                       -layer.A_log.exp()[:, None] * F.softplus(g + layer.dt_bias.view(4, -1)))
 
 
 def test_padding_masks_equal_each_row_alone():
@@ -179,6 +197,9 @@ def test_kcp_options_are_the_channel_gate_s():
     assert layer.kcp_options() == OptionsKcp(use_qk_l2norm=True, with_conv=True, conv_size=4, gate="channel")
     with pytest.raises(ValueError, match="kcp_options.gate must be 'channel' for KimiDeltaAttention, got 'head'"):
         layer.kcp_options(OptionsKcp(use_qk_l2norm=True))
+    from gdn_kcp.layers import GatedDeltaNet
+    with pytest.raises(ValueError, match="kcp_options.gate must be 'head' for GatedDeltaNet, got 'channel'"):
+        GatedDeltaNet(**SMALL).kcp_options(OptionsKcp(use_qk_l2norm=True, gate="channel"))
 
 
 @pytest.mark.parametrize("R", sorted(LAYER_CASES))

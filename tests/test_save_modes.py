@@ -12,7 +12,6 @@ from gdn_inputs import make_inputs
 
 from gdn_kcp import OptionsKcp, chunk_gated_delta_rule
 from gdn_kcp.host.programs import use_programs
-from gdn_kcp.layers import GatedDeltaNet
 
 MODES = ("light", "inverse", "full")
 
@@ -43,9 +42,12 @@ def test_every_save_mode_gives_the_same_bits(backend, dtype):
             assert a.dtype == b.dtype and torch.equal(a, b), (mode, i, float((a.double() - b.double()).abs().max()))
 
 
-def test_the_layer_takes_the_save_mode_on_one_rank(monkeypatch):
+@pytest.mark.parametrize("layer_class", ["GatedDeltaNet", "KimiDeltaAttention"])
+def test_the_layer_takes_the_save_mode_on_one_rank(monkeypatch, layer_class):
     """kcp_options' save_mode reaches the one-rank call (packed and padded):
-    the inverse backward runs w_u instead of prep, with the same gradients."""
+    the inverse backward runs w_u instead of prep, with the same gradients
+    (GDN's layer and KDA's)."""
+    from gdn_kcp import layers
     from gdn_kcp.kernels import torch as programs
 
     calls = []
@@ -59,14 +61,14 @@ def test_the_layer_takes_the_save_mode_on_one_rank(monkeypatch):
     for name in ("prep", "w_u"):
         monkeypatch.setattr(programs, name, recorded(name, getattr(programs, name)))
     torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden_size=32, head_dim=8, num_heads=2)
+    layer = getattr(layers, layer_class)(hidden_size=32, head_dim=8, num_heads=2)
     x = torch.randn(2, 20, 32)
     mask = torch.ones(2, 20, dtype=torch.long)
     mask[1, :5] = 0
     grads = {}
     for mode in ("light", "inverse"):
         calls.clear()
-        options = OptionsKcp(use_qk_l2norm=True, save_mode=mode)
+        options = OptionsKcp(use_qk_l2norm=True, save_mode=mode, gate=layer.GATE)
         packed, _, _ = layer(x[:1], cu_seqlens=torch.tensor([0, 7, 20]), kcp_options=options)
         padded, _, _ = layer(x, attention_mask=mask, kcp_options=options)
         grads[mode] = torch.autograd.grad(packed.sum() + padded.square().sum(), list(layer.parameters()))

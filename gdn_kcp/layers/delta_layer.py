@@ -60,10 +60,12 @@ def _check_int(name: str, value: object, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
-def inverse_softplus_steps(n: int) -> torch.Tensor:
+def inverse_softplus_steps(n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """FLA's ``dt_bias`` initialisation: steps log-uniform in [1e-3, 0.1]
-    (floor 1e-4), stored as ``softplus^-1(dt)``, ``[n]`` fp32."""
-    dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+    (floor 1e-4), stored as ``softplus^-1(dt)``, ``[n]`` in ``dtype`` (FLA's
+    KDA layer pins fp32, its GDN layer takes the default dtype)."""
+    dt = torch.rand(n, dtype=dtype) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)
+    dt = torch.exp(dt).clamp(min=1e-4)
     return dt + torch.log(-torch.expm1(-dt))
 
 
@@ -123,19 +125,26 @@ class DeltaRuleLayer(nn.Module):
     # The subclass's rule -------------------------------------------------------------------------------------
 
     def _gate_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The raw gate ``g`` and beta of the rows x ``[B, T, hidden_size]``."""
+        """The raw gate ``g`` (``[B, T, HV]``, or ``[B, T, HV, K]`` per key
+        channel) and the raw beta ``[B, T, HV]`` of the rows x ``[B, T, hidden_size]``."""
         raise NotImplementedError
 
     def _output_gate(self, x: torch.Tensor) -> torch.Tensor | None:
         """The output gate ``[B, T, HV, head_v_dim]`` of the norm, or None."""
         raise NotImplementedError
 
-    def _rule_chunk(self, q, k, v, g, beta, **keywords) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The one-rank chunked entry (FLA's ``chunk_*`` keywords)."""
+    def _rule_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    **keywords: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(o [B, T, HV, V], final state)`` of the one-rank chunked entry on
+        q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` and :meth:`_gate_inputs`;
+        ``keywords``: FLA's (``cu_seqlens``, ``initial_state``,
+        ``output_final_state``, ``state_v_first``) and ours (``save_mode``,
+        ``reuse_recompute_tapes``, ``recompute_output``)."""
         raise NotImplementedError
 
-    def _rule_kcp(self, q, k, v, g, beta, ctx, *, options, workspace) -> torch.Tensor:
-        """o of the KCP entry on this rank's rows."""
+    def _rule_kcp(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  ctx: KcpContext, *, options: OptionsKcp, workspace: WorkspaceKcp | None) -> torch.Tensor:
+        """o ``[1, T_r, HV, V]`` of the KCP entry on this rank's rows."""
         raise NotImplementedError
 
     def _decode_step(self, x: torch.Tensor, conv_state: torch.Tensor | None,

@@ -81,7 +81,7 @@ class GatedDeltaNet(DeltaRuleLayer):
         self.a_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
         self.b_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
         # Decay rate A in U(0, 16) and step dt log-uniform in [1e-3, 0.1] (floor 1e-4), as FLA initialises them
-        self.A_log = nn.Parameter(torch.empty(self.num_v_heads).uniform_(0, 16).log())
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32).uniform_(0, 16).log())
         self.dt_bias = nn.Parameter(inverse_softplus_steps(self.num_v_heads))
         self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
         self._init_convs()

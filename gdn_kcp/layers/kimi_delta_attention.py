@@ -87,10 +87,12 @@ class KimiDeltaAttention(DeltaRuleLayer):
         self.f_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
                                     nn.Linear(self.head_v_dim, self.gate_dim, bias=False))
         self.b_proj = nn.Linear(hidden_size, self.num_v_heads, bias=False)
-        # A_log per value head: log U(1, 16) (zeros under safe_gate); dt_bias per gate channel, as FLA's
-        a = torch.zeros(self.num_v_heads) if safe_gate else torch.empty(self.num_v_heads).uniform_(1, 16).log()
-        self.A_log = nn.Parameter(a)
-        self.dt_bias = nn.Parameter(inverse_softplus_steps(self.gate_dim))
+        # A_log per value head: log U(1, 16) (zeros under safe_gate); dt_bias per gate channel; both fp32, as FLA's
+        decay_rate = torch.ones(self.num_v_heads, dtype=torch.float32)
+        if not safe_gate:
+            decay_rate.uniform_(1, 16)
+        self.A_log = nn.Parameter(decay_rate.log())
+        self.dt_bias = nn.Parameter(inverse_softplus_steps(self.gate_dim, torch.float32))
         self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
         self.g_proj = nn.Sequential(nn.Linear(hidden_size, self.head_v_dim, bias=False),
                                     nn.Linear(self.head_v_dim, self.value_dim, bias=True))
