@@ -47,7 +47,7 @@ from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import BKS_OUTPUT, BV_OUTPUT, output_kernel
 from .prep import BK_WU, BV_WU, l2_rstd_kernel, prep_kernel
 from .recurrent import BV_RECURRENT, recurrent_kernel
-from .scores import BKS_SCORES, scores_kernel
+from .scores import BKS_CHANNEL, BKS_SCORES, SUB_ROWS, channel_scores_kernel, scores_kernel
 from .segment_summary import segment_summary_kernel
 from .short_conv import (BD_CONV, BD_STEP, BT_CONV, DW_BLOCKS, conv_step_kernel, short_conv_bwd_dw_kernel,
                          short_conv_bwd_dx_kernel, short_conv_fwd_kernel)
@@ -71,6 +71,7 @@ INPUT_POINTERS = {
     "tape_walk_kernel": {"k", "g", "w", "u", "h_out", "v_new"},
     "summary_walk_kernel": {"k", "g", "w", "u"},
     "scores_kernel": {"q", "k", "g", "scores"},
+    "channel_scores_kernel": {"q", "k", "g", "scores"},
     "walk_output_kernel": {"q", "k", "g", "w", "u", "scores", "o"},
     "output_kernel": {"q", "g", "k", "o", "h", "v_new"},
     "bwd_local_dv_kernel": {"q", "g", "k", "do", "dv"},
@@ -97,6 +98,7 @@ WRITES = {
     "tape_walk_kernel": {"h_out", "v_new", "final_state"},
     "summary_walk_kernel": {"out"},
     "scores_kernel": {"scores"},
+    "channel_scores_kernel": {"scores"},
     "walk_output_kernel": {"o", "final_state"},
     "output_kernel": {"o"},
     "bwd_local_dv_kernel": {"dv"},
@@ -144,6 +146,9 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
          dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("scores_kernel", scores_kernel,
          dict(BT=BT, BKS=min(BKS_SCORES, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16")),
+        # KDA (a gate per key channel): products on fp32 operands as tf32 (kernels.precision.channel_mode)
+        ("channel_scores_kernel", channel_scores_kernel,
+         dict(BT=BT, SUB=SUB_ROWS, BKS=min(BKS_CHANNEL, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="tf32")),
         ("walk_output_kernel", walk_output_kernel,
          dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, BV=walk_block(V), IS_M=False)),
