@@ -11,6 +11,7 @@ from gdn_kcp.dtypes import buffer_dtype
 from gdn_kcp.kernels import CHUNK_SIZE, CROSSING_IN, CROSSING_OUT, ChunkIndex
 from gdn_kcp.kernels import torch as torch_programs
 from gdn_kcp.kernels.chunk_index import capped_index
+from gdn_kcp.kernels.precision import accumulator_dtype
 from gdn_kcp.kernels.segments import segment_tables, summary_rows, table_elements
 
 
@@ -278,3 +279,32 @@ def compare_segments_with_torch(programs, **case) -> dict[str, float]:
         scale = expected.double().abs().max()
         errors[name] = ((ours[name].double() - expected.double()).abs().max() / scale).item()
     return errors
+
+
+def compare_channel_scores(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, dtype: torch.dtype,
+                           seed: int, gate: bool, l2: bool, hard: bool = False, device: str = "cpu") -> float:
+    """KDA's scores (a gate per key channel, g ``[T, HV, K]``) of ``programs``
+    against the torch program on the same inputs: the relative RMS error.
+    ``gate``: FLA's gate in kernel (raw g, ``[2, HV, K]`` parameters);
+    ``hard``: a ``-inf`` gate on one channel of two rows and ``-1000`` on
+    every channel of ten rows. Both outputs start as NaN, so an entry a
+    program does not write fails the comparison."""
+    T, cdt = bounds[-1], accumulator_dtype(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(T, H_qk, K, generator=gen).to(device, dtype) for _ in range(2))
+    g = torch.randn(T, HV, K, generator=gen) if gate else -torch.rand(T, HV, K, generator=gen)
+    if hard:
+        g[10:12, 0, 3] = float("-inf")  # a hard reset of one channel inside a sub-chunk
+        g[40:50, HV - 1, :] = -1000.0  # FLA's padding value across a sub-chunk boundary
+    g = g.to(device, cdt)
+    params = torch.stack([-torch.rand(HV, 1, generator=gen).expand(HV, K), 0.1 * torch.randn(HV, K, generator=gen)])
+    params = params.to(device, cdt).contiguous() if gate else None
+    rstd = [(1 / x.to(cdt).norm(dim=-1)).contiguous() if l2 else None for x in (q, k)]
+    index = ChunkIndex.from_fragments(list(bounds), device=device)
+    outs = []
+    for backend in (torch_programs, programs):
+        out = torch.full((T, HV, CHUNK_SIZE), float("nan"), dtype=dtype, device=device)
+        backend.scores(q, k, g, index, gate_params=params, q_rstd=rstd[0], k_rstd=rstd[1], scores_out=out)
+        outs.append(out.double())
+    twin, ours = outs
+    return float((ours - twin).norm() / twin.norm())

@@ -204,41 +204,25 @@ def test_prep_spreads_a_non_finite_row_over_every_column(name):
 
 
 CHANNEL_SCORES_CASES = {
-    # name: (dtype, K, H_qk, HV, bounds, gate in kernel, the L2 norm)
-    "fp64-K32-hard-resets": (torch.float64, 32, 1, 2, (0, 70, 70, 71, 150), False, True),
-    "fp32-gva-K64": (torch.float32, 64, 2, 4, (0, 5, 5, 97, 131), False, False),
-    "bf16-K40-gate": (torch.bfloat16, 40, 1, 2, (0, 65, 65, 129), True, True),
+    "fp64-K32-hard-resets": dict(bounds=(0, 70, 70, 71, 150), H_qk=1, HV=2, K=32, dtype=torch.float64, gate=False,
+                                 l2=True, hard=True),
+    "fp32-gva-K64": dict(bounds=(0, 5, 5, 97, 131), H_qk=2, HV=4, K=64, dtype=torch.float32, gate=False, l2=False),
+    "bf16-K40-gate": dict(bounds=(0, 65, 65, 129), H_qk=1, HV=2, K=40, dtype=torch.bfloat16, gate=True, l2=True),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CHANNEL_SCORES_CASES))
 def test_channel_scores_match_the_torch_twin(name):
     """KDA's scores (a gate per key channel) in Triton against the torch
-    program: sub-chunks of 16 rows here, 8 there, so the two agree to the
-    rounding of the products' operands (exact in fp64; -inf and -1000 gates
-    on some channels and rows stay finite and exact), K off the tile grid, GVA, FLA's
-    gate in kernel; every entry written (the buffer starts as garbage)."""
-    from gdn_kcp.kernels import torch as torch_programs
+    program (``twin_check.compare_channel_scores``, which the GPU check runs
+    too): sub-chunks of 16 rows here, 8 there, so the two agree to the
+    rounding of the products' operands (exact in fp64, with -inf and -1000
+    gates on some channels and rows), K off the tile grid, GVA, FLA's gate
+    in kernel; every entry written (both outputs start as NaN)."""
     from gdn_kcp.kernels import triton as triton_programs
+    from gdn_kcp.kernels.twin_check import compare_channel_scores
 
-    dtype, K, H_qk, HV, bounds, gate, l2 = CHANNEL_SCORES_CASES[name]
-    T, cdt = bounds[-1], torch.float64 if dtype == torch.float64 else torch.float32
-    gen = torch.Generator().manual_seed(K + HV)
-    q, k = (torch.randn(T, H_qk, K, generator=gen).to(dtype) for _ in range(2))
-    g = torch.randn(T, HV, K, generator=gen) if gate else -torch.rand(T, HV, K, generator=gen)
-    if dtype == torch.float64:
-        g[10:12, 0, 3] = float("-inf")  # a hard reset of one channel inside a sub-chunk
-        g[40:50, 1, :] = -1000.0  # FLA's padding value across a sub-chunk boundary
-    g = g.to(cdt)
-    params = torch.stack([-torch.rand(HV, 1, generator=gen).expand(HV, K), 0.1 * torch.randn(HV, K, generator=gen)])
-    params = params.to(cdt).contiguous() if gate else None
-    rstd = [(1 / x.to(cdt).norm(dim=-1)).contiguous() if l2 else None for x in (q, k)]
-    index = ChunkIndex.from_fragments(list(bounds), device="cpu")
-    outs = []
-    for programs in (torch_programs, triton_programs):
-        out = torch.full((T, HV, 64), float("nan"), dtype=dtype)
-        programs.scores(q, k, g, index, gate_params=params, q_rstd=rstd[0], k_rstd=rstd[1], scores_out=out)
-        outs.append(out)
-    assert torch.isfinite(outs[1]).all()
-    tolerance = 1e-14 if dtype == torch.float64 else TOLERANCE[dtype]
-    assert rel_rms(outs[1], outs[0]) < tolerance, rel_rms(outs[1], outs[0])
+    case = CHANNEL_SCORES_CASES[name]
+    error = compare_channel_scores(triton_programs, **case, seed=case["K"] + case["HV"])
+    tolerance = 1e-14 if case["dtype"] == torch.float64 else TOLERANCE[case["dtype"]]
+    assert error < tolerance, error
