@@ -32,7 +32,7 @@ WITH_PRODUCTS = {"wy_inverse_kernel", "prep_kernel", "tape_walk_kernel", "summar
                  "bwd_local_dv_kernel[one head]", "adjoint_walk_kernel",
                  "adjoint_summary_kernel", "bwd_dqkwg_kernel", "bwd_wy_kernel", "segment_summary_kernel",
                  "adjoint_segment_summary_kernel"} | EXACT_PRODUCTS
-N_KERNELS = 29
+N_KERNELS = 30
 DECODE_KERNELS = "recurrent_kernel,recurrent_kernel[conv],conv_step_kernel"
 
 

@@ -226,3 +226,23 @@ def test_channel_scores_match_the_torch_twin(name):
     error = compare_channel_scores(triton_programs, **case, seed=case["K"] + case["HV"])
     tolerance = 1e-14 if case["dtype"] == torch.float64 else TOLERANCE[case["dtype"]]
     assert error < tolerance, error
+
+
+@pytest.mark.parametrize("dtype,K", [(torch.float64, 40), (torch.float32, 100)])
+def test_channel_gate_cumsum_matches_the_torch_twin(dtype, K):
+    """KDA's backward of the in-chunk gate cumsum (``[T, HV, K]``; K = 100:
+    two channel tiles, the second cut) against the torch program; every
+    entry written."""
+    from gdn_kcp.kernels import torch as torch_programs
+    from gdn_kcp.kernels import triton as triton_programs
+
+    bounds = (0, 70, 70, 71, 150)
+    index = ChunkIndex.from_fragments(list(bounds), device="cpu")
+    dgcum = torch.randn(150, 3, K, generator=torch.Generator().manual_seed(K), dtype=dtype)
+    outs = []
+    for programs in (torch_programs, triton_programs):
+        out = torch.full_like(dgcum, float("nan"))
+        programs.bwd_gate_cumsum(dgcum, index, dg_out=out)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all()
+    assert rel_rms(outs[1], outs[0]) < (1e-14 if dtype == torch.float64 else 1e-6)

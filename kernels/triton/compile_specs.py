@@ -38,7 +38,7 @@ from .adjoint_segment_summary import adjoint_segment_summary_kernel
 from .adjoint_summary import adjoint_summary_kernel
 from .adjoint_walk import adjoint_walk_kernel
 from .bwd_dqkwg import BKS_DQKWG, BV_DQKWG, bwd_dqkwg_kernel
-from .bwd_gate_cumsum import bwd_gate_cumsum_kernel
+from .bwd_gate_cumsum import BK_CHANNEL as BK_GATE_CHANNEL, bwd_gate_cumsum_channel_kernel, bwd_gate_cumsum_kernel
 from .bwd_local_dv import BKS_LOCAL_DV, BV_LOCAL_DV, bwd_local_dv_kernel
 from .bwd_qk_norm import BT_NORM, bwd_qk_norm_kernel
 from .bwd_wy import BKS_WY, BV_WY, bwd_wy_kernel
@@ -84,6 +84,7 @@ INPUT_POINTERS = {
     "bwd_dqkwg_kernel": {"q", "g", "k", "h", "v_new", "do", "dh", "dv_new", "dq", "dk", "dw"},
     "bwd_wy_kernel": {"k", "g", "v", "beta", "A", "dw", "du", "dk_acc", "dv", "dbeta"},
     "bwd_gate_cumsum_kernel": {"dg"},
+    "bwd_gate_cumsum_channel_kernel": set(),  # KDA: dgcum and dg are fp32 [T, HV, K]
     "bwd_qk_norm_kernel": {"dy_heads", "x", "dx"},
     "short_conv_fwd_kernel": {"x", "w", "b", "halo", "y"},
     "short_conv_bwd_dx_kernel": {"x", "w", "b", "halo", "dy", "dx", "dhalo"},
@@ -111,6 +112,7 @@ WRITES = {
     "bwd_dqkwg_kernel": {"dq", "dk", "dw", "dg"},
     "bwd_wy_kernel": {"dk_acc", "dv", "dbeta", "dg_acc"},
     "bwd_gate_cumsum_kernel": {"dg"},
+    "bwd_gate_cumsum_channel_kernel": {"dg"},
     "bwd_qk_norm_kernel": {"dx"},
     "short_conv_fwd_kernel": {"y"},
     "short_conv_bwd_dx_kernel": {"dx", "dhalo"},
@@ -175,6 +177,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, dict(walk, BKS=BKS_DQKWG, BV=BV_DQKWG)),
         ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, BKS=min(BKS_WY, BK), BV=min(BV_WY, BV), **beta)),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
+        ("bwd_gate_cumsum_channel_kernel", bwd_gate_cumsum_channel_kernel,
+         dict(BT=BT, BK=min(BK_GATE_CHANNEL, BK), ACC=tl.float32)),
         ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT_NORM, BK=BK, HAS_NORM=True, ACC=tl.float32)),
         ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),
         ("short_conv_bwd_dx_kernel", short_conv_bwd_dx_kernel, conv),
