@@ -135,3 +135,9 @@ def layer_compiles_once(rank: int, R: int, kind: str = "gdn") -> None:
         assert counters["stats"]["unique_graphs"] == 1
     finally:
         torch.compiler.set_stance("default")
+
+
+def every_layer_compiles_once(rank: int, R: int) -> None:
+    """:func:`layer_compiles_once` for each layer kind, in one spawn."""
+    for kind in LAYERS:
+        layer_compiles_once(rank, R, kind)

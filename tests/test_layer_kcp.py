@@ -1,6 +1,7 @@
 """GatedDeltaNet with kcp_context on R = 1..4 gloo ranks equals the one-rank
 layer: rows, input gradients and summed parameter gradients, exact and capped
-contexts; the halo rounds the rank ranges need."""
+contexts; the halo rounds the rank ranges need; both layers (GDN's and
+KDA's) compile once over packings (KDA's KCP cases: tests/test_kda_layer.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def test_halo_rounds_reach_back_over_short_ranks():
 
 
 def test_layer_kcp_compiles_once_on_two_ranks():
-    from layer_kcp_cases import layer_compiles_once
+    """GatedDeltaNet's and KimiDeltaAttention's layers, in one spawn."""
+    from layer_kcp_cases import every_layer_compiles_once
 
-    spawn_ranks(2, layer_compiles_once)
+    spawn_ranks(2, every_layer_compiles_once)
