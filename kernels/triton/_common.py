@@ -289,6 +289,23 @@ def gate_rows(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.conste
 
 
 @triton.jit
+def channel_gates(g, gate_params, tok, m_t, HV, h, K, col0, BKS: tl.constexpr, GATE: tl.constexpr,
+                  ACC: tl.constexpr):
+    """:func:`gate_rows` for a gate per key channel (KDA): ``[rows, BKS]`` of
+    value head ``h``, channels ``[col0, col0 + BKS)`` (rows outside ``m_t``
+    and channels past K 0); with ``GATE`` from the raw input and
+    ``gate_params`` ``[2, HV, K]``: ``rate * softplus(g + bias)``."""
+    o_d = col0 + tl.arange(0, BKS)
+    m = m_t[:, None] & (o_d[None, :] < K)
+    x = tl.load(g + (tok[:, None] * HV + h) * K + o_d[None, :], mask=m, other=0.0).to(ACC)
+    if GATE:
+        rate = tl.load(gate_params + h * K + o_d, mask=o_d < K, other=0.0).to(ACC)
+        bias = tl.load(gate_params + (HV + h) * K + o_d, mask=o_d < K, other=0.0).to(ACC)
+        x = tl.where(m, rate[None, :] * softplus(x + bias[None, :]), 0.0)
+    return x
+
+
+@triton.jit
 def load_gates(g, gate_params, tok, m_t, H, h, GATE: tl.constexpr, ACC: tl.constexpr):
     """The chunk's gates (padded rows 0), their cumsum ``G`` (padded rows hold
     ``G_C``) and the suffix sums ``sum_{l > i} g_l`` (``log(gamma_C / gamma_i)``).

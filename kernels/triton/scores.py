@@ -22,9 +22,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ..precision import channel_mode
-from ._common import (BT, acc_dtype, cast_to, chunk_qk, chunk_tokens, decayed_scores, dot, head_block, launch,
-                      load_qk_cols, mm_mode, pointer, softplus, store_rows_cols)
+from ..precision import channel_mode, matmul_mode
+from ._common import (BT, acc_dtype, cast_to, channel_gates, chunk_qk, chunk_tokens, decayed_scores, dot, head_block,
+                      launch, load_qk_cols, mm_mode, pointer, store_rows_cols)
 
 NUM_WARPS = 4
 """Warps per program. On sm_90 (bf16, K = V = 128, triton 3.6) with key slices
@@ -58,22 +58,6 @@ def scores_kernel(
         i_h = i_hk * group + i_g
         b_p = decayed_scores(b_qk, g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
         store_rows_cols(scores, b_p, tok, m_t, HV, i_h, BT, 0, BT)
-
-
-@triton.jit
-def channel_gates(g, gate_params, tok, m_t, HV, h, K, col0, BKS: tl.constexpr, GATE: tl.constexpr,
-                  ACC: tl.constexpr):
-    """Gates ``[rows, BKS]`` of value head ``h``, channels ``[col0, col0 + BKS)``
-    (rows outside ``m_t`` and channels past K 0); with ``GATE`` from the raw
-    input and ``gate_params`` ``[2, HV, K]``: ``rate * softplus(g + bias)``."""
-    o_d = col0 + tl.arange(0, BKS)
-    m = m_t[:, None] & (o_d[None, :] < K)
-    x = tl.load(g + (tok[:, None] * HV + h) * K + o_d[None, :], mask=m, other=0.0).to(ACC)
-    if GATE:
-        rate = tl.load(gate_params + h * K + o_d, mask=o_d < K, other=0.0).to(ACC)
-        bias = tl.load(gate_params + (HV + h) * K + o_d, mask=o_d < K, other=0.0).to(ACC)
-        x = tl.where(m, rate[None, :] * softplus(x + bias[None, :]), 0.0)
-    return x
 
 
 @triton.jit
@@ -147,12 +131,11 @@ def scores(
     if index.n_chunks == 0:
         return
     if g.dim() == 3:  # KDA: a gate per key channel
-        mode = channel_mode(mm_mode(k))
         launch(channel_scores_kernel)[(index.n_chunks, HV)](
             q, k, g, pointer(gate_params, g), pointer(q_rstd, g), pointer(k_rstd, g), scores_out, index.chunk_table,
             index.n_chunks, H_qk, HV, K,
             BT=BT, SUB=SUB_ROWS, BKS=min(BKS_CHANNEL, head_block(K)), HAS_NORM=q_rstd is not None,
-            GATE=gate_params is not None, ACC=acc_dtype(k), MM="tf32" if mode == "bf16_emulated" else mode,
+            GATE=gate_params is not None, ACC=acc_dtype(k), MM=channel_mode(matmul_mode(k.dtype)),
             num_warps=NUM_WARPS,
         )
         return
