@@ -196,10 +196,11 @@ def check_step(step: Step, query: int, where: str, tables: Counter) -> dict:
     tables a graph builds from ``cu_seqlens``; none when the context comes
     from outside the graph); the traced backward runs the eager backward's
     programs and no other, its forward the eager forward's; the gradients
-    agree within 1e-12 (fp64). Returns the figures."""
+    agree within 1e-12 (fp64). Returns the figures and the programs of the
+    traced backward graph."""
     eager = step.run(step)
     eager_forward, eager_backward = step.eager_programs()
-    found = {}
+    found, programs = {}, {}
     for traced in (False, True):
         grads, graphs = step.compiled(traced)
         for i, (a, b) in enumerate(zip(grads, eager, strict=True)):
@@ -209,12 +210,13 @@ def check_step(step: Step, query: int, where: str, tables: Counter) -> dict:
         integers = Counter({key: n for key, n in saved.other.items() if key[1] in (torch.int32, torch.int64)})
         assert integers == tables, (where, traced, integers, tables)
         if traced:
-            assert graph_programs(graphs["fw"]) == eager_forward, (where, graph_programs(graphs["fw"]))
-            assert graph_programs(graphs["bw"]) == eager_backward, (where, graph_programs(graphs["bw"]))
+            programs = {name: graph_programs(graphs[name]) for name in ("fw", "bw")}
+            assert programs["fw"] == eager_forward, (where, programs["fw"])
+            assert programs["bw"] == eager_backward, (where, programs["bw"])
     assert found[True].outputs == found[False].outputs, (where, found)
     assert found[True].other == found[False].other, (where, found)
     return {"query": query, "opaque": found[False].total, "traced": found[True].total,
-            "gdn_opaque": found[False].gdn, "gdn_traced": found[True].gdn}
+            "gdn_opaque": found[False].gdn, "gdn_traced": found[True].gdn, "traced_backward": programs["bw"]}
 
 
 def run_ranks(rank: int, R: int, option_sets: list[dict], form: str) -> None:

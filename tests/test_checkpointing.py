@@ -88,7 +88,7 @@ def test_bitwise_in_low_precision(dtype):
             assert_bitwise(expected, got, f"{dtype}, {region}, reuse {reuse}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.extended), torch.bfloat16])
 def test_bitwise_on_the_triton_programs(dtype):
     with use_programs("cpu", "triton"):
         expected, _, _ = step("core", "none", OptionsKcp(), dtype)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from checkpoint_cases import BOUNDS
-from compiled_saved_cases import Step, check_step, graph_programs, index_tables, one_rank, run_ranks, saved_query
+from compiled_saved_cases import Step, check_step, index_tables, one_rank, run_ranks, saved_query
 from doc_tables import table_rows
 from gdn_kcp import OptionsKcp
 from gdn_kcp.context.builders import capped_context
@@ -40,39 +40,39 @@ def test_one_rank_keeps_the_saved_layout(save_mode, form):
     builds from ``cu_seqlens`` are kept besides the saved layout (their bytes
     are named in docs/bytes.md, not counted by the query); in the
     checkpointed region they are rebuilt. The figures are docs/compile.md's
-    table's row."""
+    table's row. Checkpointed, the traced backward replays what the save mode
+    says: light prep and the tape walk, inverse the tape walk and W, U, full
+    neither; none runs the output (with ``checkpoint_policy()``, o is kept)."""
     options, ctx = OptionsKcp(save_mode=save_mode, use_qk_l2norm=True), fla_context()
     tables = index_tables(ctx) if form == "none" else Counter()  # the checkpoint rebuilds them from cu_seqlens
     found = check_step(Step(one_rank(save_mode), form), saved_query(ctx, options), f"{save_mode}, {form}", tables)
     row = [r for r in table_rows("compiled-saved") if r[:2] == [save_mode, form]]
     assert row == [[save_mode, form, *(f"{found[key]:,}" for key in ("query", "gdn_opaque", "gdn_traced"))]], row
+    if form == "policy":
+        backward = found["traced_backward"]
+        assert not backward & {"walk_output", "output", "scores"}, backward
+        assert ("prep" in backward) == (save_mode == "light"), backward
+        assert ("tape_walk" in backward) == (save_mode != "full"), backward
 
 
-@pytest.mark.parametrize("save_mode", SAVE_MODES)
-def test_light_mode_recomputes_no_output_program(save_mode):
-    """The traced backward replays what the save mode says: light prep and
-    the tape walk, inverse the tape walk and W, U, full neither; none runs the
-    output (with ``checkpoint_policy()``, o is kept)."""
-    step = Step(one_rank(save_mode), "policy")
-    _, graphs = step.compiled(True)
-    backward = graph_programs(graphs["bw"])
-    assert not backward & {"walk_output", "output", "scores"}, backward
-    assert ("prep" in backward) == (save_mode == "light"), backward
-    assert ("tape_walk" in backward) == (save_mode != "full"), backward
-
-
-@pytest.mark.parametrize("exchange", ["a2a", "ring"])
+@pytest.mark.parametrize("exchange", ["a2a", pytest.param("ring", marks=pytest.mark.extended)])
 def test_two_ranks_keep_the_saved_layout(exchange):
     """Two gloo ranks, ``gdn_kcp`` on each rank's slice, each rank's graphs."""
     spawn_ranks(2, run_ranks, [dict(save_mode=mode, exchange=exchange) for mode in SAVE_MODES], "none")
 
 
-def test_three_ranks_keep_the_saved_layout_with_every_option():
-    """A middle rank; a replayed boundary, the owners' M kept, two segments
-    a fragment, no saved set (the backward replays the forward)."""
-    spawn_ranks(3, run_ranks, [dict(boundary_mode="replay"), dict(save_transfer=True, segments=2),
-                               dict(save_for_backward=False, boundary_mode="replay"),
-                               dict(save_mode="inverse", segments=2)], "none")
+THREE_RANK_OPTIONS = {
+    "ci": [dict(save_transfer=True, segments=2), dict(save_for_backward=False, boundary_mode="replay")],
+    "extended": [dict(boundary_mode="replay"), dict(save_mode="inverse", segments=2)],
+}
+
+
+@pytest.mark.parametrize("options", ["ci", pytest.param("extended", marks=pytest.mark.extended)])
+def test_three_ranks_keep_the_saved_layout_with_every_option(options):
+    """A middle rank; the owners' M kept and two segments a fragment, no
+    saved set (the backward replays the forward); in make test-extended a
+    replayed boundary alone, and inverse mode with two segments."""
+    spawn_ranks(3, run_ranks, THREE_RANK_OPTIONS[options], "none")
 
 
 def test_two_ranks_keep_the_saved_layout_under_a_checkpoint():

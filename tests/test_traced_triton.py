@@ -9,7 +9,8 @@ every in-kernel option, and ``gdn_kcp`` with two segments and
 program as a ``triton_kernel_wrapper_functional`` that clones only what it
 writes, calls no opaque ``gdn_kcp`` op, and writes none of its inputs; and
 the peak of Inductor's plan of that step equals the byte queries; and on
-every rank of 2 and 3 fake ranks (a2a, ring, overlap, segments) the peak
+every rank of 2 and 3 fake ranks (overlap, segments; a2a and ring in
+make test-extended) the peak
 of Inductor's plan of ``gdn_kcp`` is within the rank's queries."""
 
 from __future__ import annotations
@@ -38,14 +39,23 @@ SEGMENTS_BACKWARD = {**{k: n for k, n in FLA_BACKWARD.items() if k not in ("wy_i
                      "adjoint_segment_summary_kernel": 1, "compose_adjoints_kernel": 1}
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1",
-               TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton_cache")))
-    done = subprocess.run([sys.executable, "-m", "gdn_kcp.kernels.triton.traced_launches"], env=env,
+# indices into traced_launches.KCP_PLAN_CASES: CI compiles the replayed boundary with schedule="overlap"
+# (2 ranks) and save_transfer with two segments (3 ranks); make test-extended the plain a2a and ring at 3
+KCP_CASES = {"ci": (2, 3), "extended": (0, 1)}
+
+
+def traced_launches(cache_dir, *args: str) -> dict:
+    """The report of ``python -m gdn_kcp.kernels.triton.traced_launches args``."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(cache_dir))
+    done = subprocess.run([sys.executable, "-m", "gdn_kcp.kernels.triton.traced_launches", *args], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return traced_launches(tmp_path_factory.mktemp("triton_cache"), "--kcp-cases", ",".join(map(str, KCP_CASES["ci"])))
 
 
 def test_every_kernel_counts_only_its_outputs_as_written(report):
@@ -91,7 +101,7 @@ def test_inductor_plans_the_pools_within_the_queries(report):
     assert plan["planned_peak"][1] == plan["workspace"][1], plan
 
 
-def test_inductor_plans_every_kcp_rank_within_the_queries(report):
+def check_kcp_plans(rows: list[dict], cases: tuple[int, ...]) -> None:
     """``gdn_kcp`` on every rank of 2 and 3 ranks (each compiled alone in a
     fake process group; a2a, ring, a replayed boundary with
     ``schedule="overlap"``, save_transfer with two segments): the graphs
@@ -104,8 +114,9 @@ def test_inductor_plans_every_kcp_rank_within_the_queries(report):
     again from the index tables, as the eager backward does (at most 1,176 B
     here, under 2 KB), since the forward hands it the index tables and no
     products of them."""
-    rows = report["kcp_plans"]
-    assert len(rows) == 11, [(r["case"], r["rank"]) for r in rows]
+    from gdn_kcp.kernels.triton.traced_launches import KCP_PLAN_CASES
+
+    assert len(rows) == sum(KCP_PLAN_CASES[i][1] for i in cases), [(r["case"], r["rank"]) for r in rows]
     for row in rows:
         forward, backward = row["planned_peak"]
         for ops in row["gdn_kcp_ops"]:
@@ -115,6 +126,17 @@ def test_inductor_plans_every_kcp_rank_within_the_queries(report):
         assert row["float_peak"][1] <= row["workspace"][1], row
         assert backward <= row["workspace"][1] + row["int_peak"][1] and row["int_peak"][1] < 2048, row
         assert forward <= row["workspace"][0] + row["saved_bytes"] + row["o_bytes"], row
+
+
+def test_inductor_plans_every_kcp_rank_within_the_queries(report):
+    check_kcp_plans(report["kcp_plans"], KCP_CASES["ci"])
+
+
+@pytest.mark.extended
+def test_inductor_plans_every_kcp_rank_of_the_plain_exchanges(tmp_path):
+    """:func:`check_kcp_plans` for the plain a2a and ring on 3 ranks."""
+    rows = traced_launches(tmp_path, "--only-kcp", "--kcp-cases", ",".join(map(str, KCP_CASES["extended"])))
+    check_kcp_plans(rows["kcp_plans"], KCP_CASES["extended"])
 
 
 def test_planned_peak_sizes_exchange_outputs_by_dtype():

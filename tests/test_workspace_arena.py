@@ -1,6 +1,6 @@
 """Byte queries against the real host path at tolerance 0: every phase, call and
 pool of the recorded arena, and the bytes the forward really saves, on every
-rank of R = 1, 2, 4, 5 for every valid option combination; all combinations
+rank of R = 1, 2, 4 (5 in make test-extended) for every valid option combination; all combinations
 give the single-rank outputs and gradients; and at K = 256, V = 512."""
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ def test_option_matrix_is_large():
     assert len(valid_options()) >= 40
 
 
-@pytest.mark.parametrize("R", sorted(PACKINGS))
+def extended_at(values, extended):
+    """``values`` as parameters, those in ``extended`` for make test-extended only."""
+    return [pytest.param(v, marks=pytest.mark.extended) if v in extended else v for v in values]
+
+
+@pytest.mark.parametrize("R", extended_at(sorted(PACKINGS), {5}))
 def test_recorded_bytes_equal_the_layout(R):
     spawn_ranks(R, run_arena)
 
@@ -26,7 +31,7 @@ def test_recorded_bytes_at_fla_head_sizes():
     spawn_ranks(2, run_arena, torch.float32, None, None, (1, 1, 256, 512))
 
 
-@pytest.mark.parametrize("R", CAPPED_R)
+@pytest.mark.parametrize("R", extended_at(CAPPED_R, {4}))
 def test_capped_contexts_record_one_figure_for_every_packing(R):
     """Capped contexts over random packings: recorded bytes equal the queries
     at tolerance 0, and the recorded figures of every packing are the same."""

@@ -462,9 +462,10 @@ KCP_PLAN_CASES = (
 """``(exchange, R, options)`` of :func:`kcp_inductor_plans`: every rank of each."""
 
 
-def kcp_inductor_plans(T: int = 512, H_qk: int = 1, HV: int = 2, K: int = 64, V: int = 64) -> list[dict]:
+def kcp_inductor_plans(cases=KCP_PLAN_CASES, T: int = 512, H_qk: int = 1, HV: int = 2, K: int = 64,
+                       V: int = 64) -> list[dict]:
     """Inductor's output code for a forward and backward of ``gdn_kcp`` on
-    every rank of :data:`KCP_PLAN_CASES` (two documents, the second crossing
+    every rank of ``cases`` (:data:`KCP_PLAN_CASES`; two documents, the second crossing
     every rank boundary; bf16, in-kernel norm, Triton programs, fake
     tensors), each rank compiled alone in a fake process group of R ranks
     (``torch.testing``'s: the exchanges are traced, never run). Per rank: the
@@ -477,7 +478,7 @@ def kcp_inductor_plans(T: int = 512, H_qk: int = 1, HV: int = 2, K: int = 64, V:
     from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp, gdn_saved_bytes_kcp, gdn_workspace_bytes_kcp
 
     rows = []
-    for exchange, R, more in KCP_PLAN_CASES:
+    for exchange, R, more in cases:
         options = OptionsKcp(use_qk_l2norm=True, exchange=exchange, **more)
         for rank in range(R):
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=R)
@@ -503,9 +504,15 @@ def kcp_inductor_plans(T: int = 512, H_qk: int = 1, HV: int = 2, K: int = 64, V:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args()
-    print(json.dumps({"kernel_writes": kernel_writes(), "graphs": traced_step(), "inductor_plan": inductor_plan(),
-                      "kcp_plans": kcp_inductor_plans()}))
+    parser.add_argument("--kcp-cases", default=None,
+                        help="indices into KCP_PLAN_CASES, comma-separated (default: all)")
+    parser.add_argument("--only-kcp", action="store_true", help="only the KCP plans")
+    args = parser.parse_args()
+    picked = range(len(KCP_PLAN_CASES)) if args.kcp_cases is None else map(int, args.kcp_cases.split(","))
+    report = {"kcp_plans": kcp_inductor_plans([KCP_PLAN_CASES[i] for i in picked])}
+    if not args.only_kcp:
+        report.update(kernel_writes=kernel_writes(), graphs=traced_step(), inductor_plan=inductor_plan())
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
