@@ -45,7 +45,7 @@ STAGES = {  # name: (module, cap in seconds on the GPU, in --quick)
 """The most important first: a run out of time loses the last."""
 
 REQUIRED = {
-    "programs": ("max_relative_error", "segments_max_relative_error", "kda_scores_relative_rms", "limit", "pass"),
+    "programs": ("max_relative_error", "segments_max_relative_error", "kda_relative_rms", "limit", "pass"),
     "forward_backward": ("relative_rms_vs_torch_programs", "pass"),
     "calibration": ("calibration",),
     "capture": ("readme", "layer_traced", "pass"),

@@ -281,17 +281,18 @@ def compare_segments_with_torch(programs, **case) -> dict[str, float]:
     return errors
 
 
-def compare_channel_scores(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, dtype: torch.dtype,
-                           seed: int, gate: bool, l2: bool, hard: bool = False, device: str = "cpu") -> float:
-    """KDA's scores (a gate per key channel, g ``[T, HV, K]``) of ``programs``
-    against the torch program on the same inputs: the relative RMS error.
-    ``gate``: FLA's gate in kernel (raw g, ``[2, HV, K]`` parameters);
-    ``hard``: a ``-inf`` gate on one channel of two rows and ``-1000`` on
-    every channel of ten rows. Both outputs start as NaN, so an entry a
-    program does not write fails the comparison."""
+def _channel_inputs(bounds, H_qk: int, HV: int, K: int, dtype: torch.dtype, seed: int, gate: bool, l2: bool,
+                    hard: bool, device: str, unit_k: bool = False):
+    """The generator (for more inputs), q, k ``[T, H_qk, K]``, g ``[T, HV, K]``,
+    the gate parameters, the norms and the index of the ``compare_channel_*``
+    checks (see :func:`compare_channel_scores`). ``unit_k`` without ``l2``:
+    k scaled by ``K^-1/2``, so the WY factors stay well conditioned."""
     T, cdt = bounds[-1], accumulator_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(T, H_qk, K, generator=gen).to(device, dtype) for _ in range(2))
+    q, k = (torch.randn(T, H_qk, K, generator=gen) for _ in range(2))
+    if unit_k and not l2:
+        k = k / K ** 0.5
+    q, k = q.to(device, dtype), k.to(device, dtype)
     g = torch.randn(T, HV, K, generator=gen) if gate else -torch.rand(T, HV, K, generator=gen)
     if hard:
         g[10:12, 0, 3] = float("-inf")  # a hard reset of one channel inside a sub-chunk
@@ -300,7 +301,44 @@ def compare_channel_scores(programs, bounds: tuple[int, ...], H_qk: int, HV: int
     params = torch.stack([-torch.rand(HV, 1, generator=gen).expand(HV, K), 0.1 * torch.randn(HV, K, generator=gen)])
     params = params.to(device, cdt).contiguous() if gate else None
     rstd = [(1 / x.to(cdt).norm(dim=-1)).contiguous() if l2 else None for x in (q, k)]
-    index = ChunkIndex.from_fragments(list(bounds), device=device)
+    return gen, q, k, g, params, rstd, ChunkIndex.from_fragments(list(bounds), device=device)
+
+
+def compare_channel_prep(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int,
+                         dtype: torch.dtype, seed: int, gate: bool, l2: bool, hard: bool = False,
+                         device: str = "cpu") -> dict[str, float]:
+    """KDA's prep (a gate per key channel: A, W, U) of ``programs`` against the
+    torch program on the same inputs (as :func:`compare_channel_scores`, with
+    beta through its sigmoid when ``gate``): each tape's relative RMS error.
+    Every tape starts as NaN, so an entry a program does not write fails."""
+    T = bounds[-1]
+    gen, q, k, g, params, rstd, index = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device,
+                                                        unit_k=True)
+    v = torch.randn(T, HV, V, generator=gen).to(device, dtype)
+    beta = (torch.randn(T, HV, generator=gen) if gate else torch.rand(T, HV, generator=gen)).to(device, dtype)
+    outs = []
+    for backend in (torch_programs, programs):
+        tapes = {name: torch.full((T, HV, n), float("nan"), dtype=dtype, device=device)
+                 for name, n in (("A", CHUNK_SIZE), ("w", K), ("u", V))}
+        norms = [torch.full((T, H_qk), float("nan"), device=device, dtype=rstd[0].dtype) for _ in range(2)] if l2 \
+            else [None, None]
+        backend.prep(q, k, v, g, beta, index, gate_params=params, beta_sigmoid=gate, A_out=tapes["A"],
+                     w_out=tapes["w"], u_out=tapes["u"], q_rstd_out=norms[0], k_rstd_out=norms[1])
+        outs.append({name: x.double() for name, x in tapes.items()})
+    twin, ours = outs
+    return {name: float((ours[name] - twin[name]).norm() / twin[name].norm()) for name in twin}
+
+
+def compare_channel_scores(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, dtype: torch.dtype,
+                           seed: int, gate: bool, l2: bool, hard: bool = False, device: str = "cpu") -> float:
+    """KDA's scores (a gate per key channel, g ``[T, HV, K]``) of ``programs``
+    against the torch program on the same inputs: the relative RMS error.
+    ``gate``: FLA's gate in kernel (raw g, ``[2, HV, K]`` parameters);
+    ``hard``: a ``-inf`` gate on one channel of two rows and ``-1000`` on
+    every channel of ten rows. Both outputs start as NaN, so an entry a
+    program does not write fails the comparison."""
+    T = bounds[-1]
+    gen, q, k, g, params, rstd, index = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device)
     outs = []
     for backend in (torch_programs, programs):
         out = torch.full((T, HV, CHUNK_SIZE), float("nan"), dtype=dtype, device=device)

@@ -28,11 +28,12 @@ tensor cores: the compositions of segments multiply states and M, which stay
 fp32 (docs/design.md, "Precision": every M and every state that crosses a boundary), never
 rounded to bf16 or tf32 operands."""
 WITH_PRODUCTS = {"wy_inverse_kernel", "prep_kernel", "tape_walk_kernel", "summary_walk_kernel", "summary_walk_kernel[M]",
-                 "output_kernel", "scores_kernel", "channel_scores_kernel", "walk_output_kernel", "bwd_local_dv_kernel",
+                 "output_kernel", "scores_kernel", "channel_scores_kernel", "channel_wy_inverse_kernel",
+                 "prep_kernel[channel]", "walk_output_kernel", "bwd_local_dv_kernel",
                  "bwd_local_dv_kernel[one head]", "adjoint_walk_kernel",
                  "adjoint_summary_kernel", "bwd_dqkwg_kernel", "bwd_wy_kernel", "segment_summary_kernel",
                  "adjoint_segment_summary_kernel"} | EXACT_PRODUCTS
-N_KERNELS = 30
+N_KERNELS = 32
 DECODE_KERNELS = "recurrent_kernel,recurrent_kernel[conv],conv_step_kernel"
 
 

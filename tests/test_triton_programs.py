@@ -177,14 +177,16 @@ def test_torch_segment_programs_equal_the_unsegmented_walks(name):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("gate", ["scalar", "channel"])
 @pytest.mark.parametrize("name", ["k", "v"])
-def test_prep_spreads_a_non_finite_row_over_every_column(name):
+def test_prep_spreads_a_non_finite_row_over_every_column(name, gate):
     """A NaN in one column of k (or v) at token t makes rows t.. of its chunk
     NaN in every column of w (or u), and leaves the rows before t finite, on
     both backends: the Triton W, U launch computes in column slices (K = 80:
     two key slices, the second cut by the mask; V = 96: three value slices)
     and must not keep the NaN to its own slice, as the torch twin's
-    lower_matmul does not."""
+    lower_matmul does not. Also with a gate per key channel (KDA), whose
+    A comes from the channel products' two parts."""
     from gdn_kcp.kernels import CHUNK_SIZE
     from gdn_kcp.kernels import torch as torch_programs
     from gdn_kcp.kernels import triton as triton_programs
@@ -193,6 +195,8 @@ def test_prep_spreads_a_non_finite_row_over_every_column(name):
     T, K, V, t, column = 100, 80, 96, 70, 5  # token 70: row 6 of the second chunk
     q, k, v, g, beta = make_inputs(T, 1, 1, K, V, dtype=torch.float32, seed=11)
     flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
+    if gate == "channel":
+        flat[3] = flat[3][..., None] * torch.linspace(0.5, 1.5, K)  # [T, 1, K]
     flat[1 if name == "k" else 2][t, 0, column] = float("nan")
     index = ChunkIndex.from_fragments((0, T), frag_flags=[0], device="cpu")
     out = {}
@@ -207,15 +211,16 @@ def test_prep_spreads_a_non_finite_row_over_every_column(name):
     assert rel_rms(out["triton"][:t], out["torch"][:t]) < 1e-5  # the rows before t as the twin computes them
 
 
-CHANNEL_SCORES_CASES = {
+CHANNEL_CASES = {
     "fp64-K32-hard-resets": dict(bounds=(0, 70, 70, 71, 150), H_qk=1, HV=2, K=32, dtype=torch.float64, gate=False,
                                  l2=True, hard=True),
     "fp32-gva-K64": dict(bounds=(0, 5, 5, 97, 131), H_qk=2, HV=4, K=64, dtype=torch.float32, gate=False, l2=False),
     "bf16-K40-gate": dict(bounds=(0, 65, 65, 129), H_qk=1, HV=2, K=40, dtype=torch.bfloat16, gate=True, l2=True),
 }
+CHANNEL_V = {"fp64-K32-hard-resets": 16, "fp32-gva-K64": 32, "bf16-K40-gate": 24}  # prep's U
 
 
-@pytest.mark.parametrize("name", sorted(CHANNEL_SCORES_CASES))
+@pytest.mark.parametrize("name", sorted(CHANNEL_CASES))
 def test_channel_scores_match_the_torch_twin(name):
     """KDA's scores (a gate per key channel) in Triton against the torch
     program (``twin_check.compare_channel_scores``, which the GPU check runs
@@ -226,10 +231,26 @@ def test_channel_scores_match_the_torch_twin(name):
     from gdn_kcp.kernels import triton as triton_programs
     from gdn_kcp.kernels.twin_check import compare_channel_scores
 
-    case = CHANNEL_SCORES_CASES[name]
+    case = CHANNEL_CASES[name]
     error = compare_channel_scores(triton_programs, **case, seed=case["K"] + case["HV"])
     tolerance = 1e-14 if case["dtype"] == torch.float64 else TOLERANCE[case["dtype"]]
     assert error < tolerance, error
+
+
+@pytest.mark.parametrize("name", sorted(CHANNEL_CASES))
+def test_channel_prep_matches_the_torch_twin(name):
+    """KDA's prep in Triton (``channel_wy_inverse_kernel`` for A, whose
+    diagonal blocks are the channel products' sub-chunks, then ``prep_kernel``
+    with W's per-channel decays) against the torch program
+    (``twin_check.compare_channel_prep``, also run by the GPU check): A, W
+    and U, every entry written, at the cases of the scores above."""
+    from gdn_kcp.kernels import triton as triton_programs
+    from gdn_kcp.kernels.twin_check import compare_channel_prep
+
+    case = CHANNEL_CASES[name]
+    errors = compare_channel_prep(triton_programs, **case, V=CHANNEL_V[name], seed=case["K"] + case["HV"])
+    tolerance = 1e-14 if case["dtype"] == torch.float64 else TOLERANCE[case["dtype"]]
+    assert max(errors.values()) < tolerance, errors
 
 
 @pytest.mark.parametrize("dtype,K", [(torch.float64, 40), (torch.float32, 100)])

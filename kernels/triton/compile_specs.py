@@ -47,14 +47,15 @@ from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import BKS_OUTPUT, BV_OUTPUT, output_kernel
 from .prep import BK_WU, BV_WU, l2_rstd_kernel, prep_kernel
 from .recurrent import BV_RECURRENT, recurrent_kernel
-from .scores import BKS_CHANNEL, BKS_SCORES, SUB_ROWS, channel_scores_kernel, scores_kernel
+from .channel import BKS_CHANNEL
+from .scores import BKS_SCORES, SUB_ROWS, channel_scores_kernel, scores_kernel
 from .segment_summary import segment_summary_kernel
 from .short_conv import (BD_CONV, BD_STEP, BT_CONV, DW_BLOCKS, conv_step_kernel, short_conv_bwd_dw_kernel,
                          short_conv_bwd_dx_kernel, short_conv_fwd_kernel)
 from .summary_walk import summary_walk_kernel
 from .tape_walk import tape_walk_kernel
 from .walk_output import walk_output_kernel
-from .wy_inverse import BKS_INVERSE, wy_inverse_kernel
+from .wy_inverse import BKS_INVERSE, channel_wy_inverse_kernel, wy_inverse_kernel
 
 SHARED_MEMORY_LIMIT = 232_448
 """Dynamic shared memory per block on the H100 / H200 (227 KiB)."""
@@ -67,6 +68,7 @@ INDEX_TABLES = {"chunk_table", "frag_table", "frag_rows", "reach"}
 INPUT_POINTERS = {
     "l2_rstd_kernel": {"x"},
     "wy_inverse_kernel": {"k", "g", "beta", "A_out"},
+    "channel_wy_inverse_kernel": {"k", "g", "beta", "A_out"},
     "prep_kernel": {"k", "v", "g", "beta", "A", "w", "u"},
     "tape_walk_kernel": {"k", "g", "w", "u", "h_out", "v_new"},
     "summary_walk_kernel": {"k", "g", "w", "u"},
@@ -95,6 +97,7 @@ INPUT_POINTERS = {
 WRITES = {
     "l2_rstd_kernel": {"rstd"},
     "wy_inverse_kernel": {"A_out"},
+    "channel_wy_inverse_kernel": {"A_out"},
     "prep_kernel": {"w", "u"},
     "tape_walk_kernel": {"h_out", "v_new", "final_state"},
     "summary_walk_kernel": {"out"},
@@ -143,7 +146,15 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("l2_rstd_kernel", l2_rstd_kernel, dict(EPS=1e-6, BT=BT, BD=BK, ACC=tl.float32)),
         ("wy_inverse_kernel", wy_inverse_kernel,
          dict(BT=BT, BKS=min(BKS_INVERSE, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16", **beta)),
-        ("prep_kernel", prep_kernel, dict(walk, BK=min(BK_WU, BK), BV=min(BV_WU, head_block(V)), **beta)),
+        ("prep_kernel", prep_kernel,
+         dict(walk, BK=min(BK_WU, BK), BV=min(BV_WU, head_block(V)), CHANNEL=False, **beta)),
+        # KDA (a gate per key channel): L's products on fp32 operands as tf32 (kernels.precision.channel_mode),
+        # the inverse's merges and W, U on bf16 ones
+        ("channel_wy_inverse_kernel", channel_wy_inverse_kernel,
+         dict(BT=BT, BKS=min(BKS_CHANNEL, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16", CMM="tf32",
+              **beta)),
+        ("prep_kernel[channel]", prep_kernel,
+         dict(walk, BK=min(BK_WU, BK), BV=min(BV_WU, head_block(V)), CHANNEL=True, **beta)),
         ("tape_walk_kernel", tape_walk_kernel,
          dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True)),
         ("scores_kernel", scores_kernel,

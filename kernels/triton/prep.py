@@ -12,9 +12,12 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..torch._chunks import L2NORM_EPS
-from ._common import (BT, acc_dtype, chunk_tokens, dot, head_block, launch, load_beta, load_gates, load_operand,
-                      load_qk_cols, load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols, store_scalars)
-from .wy_inverse import BKS_INVERSE, MAX_REGISTERS as INVERSE_MAX_REGISTERS, wy_inverse_kernel
+from ..precision import channel_mode, matmul_mode
+from ._common import (BT, acc_dtype, channel_gates, chunk_tokens, dot, head_block, launch, load_beta, load_gates,
+                      load_operand, load_qk_cols, load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols,
+                      store_scalars)
+from .wy_inverse import BKS_CHANNEL_INVERSE, BKS_INVERSE, MAX_REGISTERS as INVERSE_MAX_REGISTERS
+from .wy_inverse import channel_wy_inverse_kernel, wy_inverse_kernel
 from .wy_inverse import NUM_WARPS as INVERSE_WARPS
 
 NUM_WARPS = 4
@@ -75,20 +78,28 @@ def prep_kernel(
     n_chunks, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
     GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr, BETA_SCALE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    CHANNEL: tl.constexpr,
 ):
     """W and U of one chunk of one value head from its A (``wy_inverse_kernel``),
-    in key slices of ``BK`` and value slices of ``BV``; grid (NC, HV)."""
+    in key slices of ``BK`` and value slices of ``BV``; grid (NC, HV). With
+    ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]`` and W's
+    rows decay by their channels' cumsums ``exp(G_jd)`` (at most 1)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     tok, o_t, m_t = chunk_tokens(start, length, BT)
-    b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
     b_beta, _ = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
+    if not CHANNEL:
+        b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
+        b_bg = (b_beta * tl.exp(G))[:, None]
     b_A = load_operand(A, tok, m_t, HV, i_h, BT, BT, MM, ACC)
     b_bad = tl.zeros([BT], dtype=tl.int32)
     for col in range(0, K, BK):
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, col, BK, HAS_NORM, ACC)
-        b_bad = lower_dot_rows(b_A, (b_beta * tl.exp(G))[:, None] * b_k, w, b_bad, tok, m_t, HV, i_h, K, col, BK, MM)
+        if CHANNEL:
+            b_gc = channel_gates(g, gate_params, tok, m_t, HV, i_h, K, col, BK, GATE, ACC)
+            b_bg = b_beta[:, None] * tl.exp(tl.cumsum(b_gc, 0))
+        b_bad = lower_dot_rows(b_A, b_bg * b_k, w, b_bad, tok, m_t, HV, i_h, K, col, BK, MM)
     nan_rows_reached(w, b_bad, tok, m_t, HV, i_h, K, BK)
     b_bad = tl.zeros([BT], dtype=tl.int32)
     for col in range(0, V, BV):
@@ -129,11 +140,18 @@ def prep(
     gate, k_rstd = pointer(gate_params, g), pointer(k_rstd_out, w_out)
     flags = dict(BT=BT, HAS_NORM=k_rstd_out is not None, GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid,
                  BETA_SCALE=float(beta_scale), ACC=ACC, MM=mm_mode(k))
-    launch(wy_inverse_kernel)[grid](
-        k, g, gate, beta, index.chunk_table, k_rstd, A_out, index.n_chunks, H_qk, HV, K,
-        BKS=min(BKS_INVERSE, head_block(K)), **flags, num_warps=INVERSE_WARPS,
-        **register_cap(INVERSE_MAX_REGISTERS),
-    )
+    if g.dim() == 3:  # KDA: a gate per key channel
+        launch(channel_wy_inverse_kernel)[grid](
+            k, g, gate, beta, index.chunk_table, k_rstd, A_out, index.n_chunks, H_qk, HV, K,
+            BKS=min(BKS_CHANNEL_INVERSE, head_block(K)), **flags, CMM=channel_mode(matmul_mode(k.dtype)),
+            num_warps=INVERSE_WARPS,
+        )
+    else:
+        launch(wy_inverse_kernel)[grid](
+            k, g, gate, beta, index.chunk_table, k_rstd, A_out, index.n_chunks, H_qk, HV, K,
+            BKS=min(BKS_INVERSE, head_block(K)), **flags, num_warps=INVERSE_WARPS,
+            **register_cap(INVERSE_MAX_REGISTERS),
+        )
     w_u(k, v, g, beta, A_out, index, gate_params=gate_params, beta_sigmoid=beta_sigmoid, beta_scale=beta_scale,
         k_rstd=k_rstd_out, w_out=w_out, u_out=u_out)
 
@@ -163,5 +181,5 @@ def w_u(
         index.n_chunks, H_qk, HV, K, V,
         BT=BT, BK=min(BK_WU, head_block(K)), BV=min(BV_WU, head_block(V)), HAS_NORM=k_rstd is not None,
         GATE=gate_params is not None, BETA_SIGMOID=beta_sigmoid, BETA_SCALE=float(beta_scale), ACC=acc_dtype(k),
-        MM=mm_mode(k), num_warps=NUM_WARPS, **register_cap(MAX_REGISTERS),
+        MM=mm_mode(k), CHANNEL=g.dim() == 3, num_warps=NUM_WARPS, **register_cap(MAX_REGISTERS),
     )

@@ -9,9 +9,10 @@ one program per (chunk, value head), the decay inside the product
 as ``kernels/torch/_channel.py`` takes it (every exponent a sum of exactly
 the gates it spans, none positive): the pairs of rows after sub-chunk J with
 rows of J are one product of ``q_i exp(Γ_i - Γ_r)`` and ``k_j exp(Γ_r - Γ_j)``
-(``r`` the last row of J), the pairs inside a sub-chunk elementwise. Its sub-chunks have
-:data:`SUB_ROWS` rows (``tl.dot``'s least tile) where the torch twin's have 8,
-so the two agree to the rounding of the products' operands, not bitwise.
+(``r`` the last row of J), the pairs inside a sub-chunk elementwise
+(``channel.channel_products``, which the WY inverse shares). Its sub-chunks
+have :data:`SUB_ROWS` rows (``tl.dot``'s least tile) where the torch twin's
+have 8, so the two agree to the rounding of the products' operands, not bitwise.
 Not yet reached from the host path (KDA on CUDA is refused until every
 program has a Triton form)."""
 
@@ -23,8 +24,9 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..precision import channel_mode, matmul_mode
-from ._common import (BT, acc_dtype, cast_to, channel_gates, chunk_qk, chunk_tokens, decayed_scores, dot, head_block,
-                      launch, load_qk_cols, mm_mode, pointer, store_rows_cols)
+from ._common import (BT, acc_dtype, cast_to, chunk_qk, chunk_tokens, decayed_scores, head_block, launch, mm_mode,
+                      pointer, store_rows_cols)
+from .channel import BKS_CHANNEL, channel_products, diagonal_block_pointers
 
 NUM_WARPS = 4
 """Warps per program. On sm_90 (bf16, K = V = 128, triton 3.6) with key slices
@@ -36,9 +38,6 @@ BKS_SCORES = 16
 """Key columns per slice of Q and K (as local dv, which forms the same scores)."""
 SUB_ROWS = 16
 """Rows of a KDA sub-chunk in the channel kernel: ``tl.dot``'s least M and N."""
-BKS_CHANNEL = 32
-"""Key columns per slice of the channel kernel: its elementwise ``[16, 16, BKS]``
-pairs inside a sub-chunk hold 64 fp32 values a thread at 4 warps."""
 
 
 @triton.jit
@@ -68,50 +67,19 @@ def channel_scores_kernel(
     ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """One chunk of one value head with a gate per key channel; grid (NC, HV).
-    The pairs across sub-chunks are one ``[BT, BT]`` accumulator of products
-    at M = N = BT (warpgroup MMAs), one per anchor: rows of the later
-    sub-chunks decayed to the anchor (the last row of sub-chunk J) against
-    the rows of J decayed from it. The pairs inside a sub-chunk are taken
-    elementwise and stored over the accumulator's zero blocks."""
+    The pairs across sub-chunks and inside them from :func:`channel_products`,
+    stored each over the other's zeros."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     tok, o_t, m_t = chunk_tokens(start, length, BT)
-    tok_n, _, m_n = chunk_tokens(start + 1, length - 1, BT)  # each row's next row
-    m_n = m_n & ((o_t + 1) % SUB != 0)  # ... inside its sub-chunk
+    b_s, b_D = channel_products(q, k, q_rstd, k_rstd, g, gate_params, tl.full([BT], 1.0, ACC), start, length,
+                                H_qk, i_hk, HV, i_h, K, BT, SUB, BKS, HAS_NORM, GATE, False, ACC, MM)
     block = o_t // SUB
-    b_s = tl.zeros([BT, BT], dtype=ACC)
-    for k0 in range(0, K, BKS):
-        b_g = channel_gates(g, gate_params, tok, m_t, HV, i_h, K, k0, BKS, GATE, ACC)
-        # sum_{j < l <= r_J} g_l: the next rows' gates summed backwards within each sub-chunk
-        b_gn = tl.reshape(channel_gates(g, gate_params, tok_n, m_n, HV, i_h, K, k0, BKS, GATE, ACC),
-                          [BT // SUB, SUB, BKS])
-        b_behind = tl.reshape(tl.cumsum(b_gn, 1, reverse=True), [BT, BKS])
-        b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
-        b_kb = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC) * tl.exp(b_behind)
-        for J in tl.static_range(BT // SUB - 1):
-            # sum_{r_J < l <= i} g_l for the rows after J's anchor r_J (a sum of exactly those gates)
-            b_ahead = tl.cumsum(tl.where(o_t[:, None] > J * SUB + SUB - 1, b_g, 0.0), 0)
-            b_a = tl.where((block > J)[:, None], b_q * tl.exp(b_ahead), 0.0)
-            b_b = tl.where((block == J)[:, None], b_kb, 0.0)
-            b_s += dot(b_a, tl.trans(b_b), MM)
-    # every block but the diagonal ones (zero above them)
     p_s = scores + (tok[:, None] * HV + i_h) * BT + o_t[None, :]
     tl.store(p_s, cast_to(b_s, scores), mask=m_t[:, None] & (block[:, None] != block[None, :]))
-    o_s = tl.arange(0, SUB)
-    below = o_s[:, None] > o_s[None, :]
-    for I in tl.static_range(BT // SUB):
-        tok_i, _, m_i = chunk_tokens(start + I * SUB, length - I * SUB, SUB)
-        b_d = tl.zeros([SUB, SUB], dtype=ACC)
-        for k0 in range(0, K, BKS):
-            b_gi = channel_gates(g, gate_params, tok_i, m_i, HV, i_h, K, k0, BKS, GATE, ACC)
-            # segment[a, b] = sum_{b < l <= a} g_l: column b sums the gates of the rows below it
-            segment = tl.cumsum(tl.where(below[:, :, None], b_gi[:, None, :], 0.0), 0)
-            decay = tl.where((o_s[:, None] >= o_s[None, :])[:, :, None], tl.exp(segment), 0.0)
-            b_qi = load_qk_cols(q, q_rstd, tok_i, m_i, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
-            b_ki = load_qk_cols(k, k_rstd, tok_i, m_i, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
-            b_d += tl.sum(b_qi[:, None, :] * b_ki[None, :, :] * decay, 2)
-        store_rows_cols(scores, b_d, tok_i, m_i, HV, i_h, BT, I * SUB, SUB)
+    p_d, m_d = diagonal_block_pointers(scores, start, length, HV, i_h, BT, SUB)
+    tl.store(p_d, cast_to(b_D, scores), mask=m_d)
 
 
 def scores(

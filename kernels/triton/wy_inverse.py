@@ -21,6 +21,7 @@ import triton.language as tl
 from ..torch.prep import INVERSE_BLOCK
 from ._common import (causal_segments, chunk_tokens, dot, load_beta, load_gates, load_qk_cols, operand, rows_reached,
                       store_rows_cols)
+from .channel import BKS_CHANNEL as BKS_CHANNEL_INVERSE, channel_products
 
 NUM_WARPS = 4
 """Warps per program (compile_specs --report)."""
@@ -156,16 +157,26 @@ def unit_lower_inverse(b_L, BC: tl.constexpr, MM: tl.constexpr):
     non-finite entry of L is zeroed and its row and every row after it made
     NaN (:func:`rows_reached`): the products would spread ``0 * inf`` to rows
     before it, and row i of the inverse depends on rows ``<= i`` of L only."""
-    BT: tl.constexpr = b_L.shape[0]
-    tl.static_assert(BT == 4 * BC)
     finite = (b_L - b_L) == 0.0
     m_reached = rows_reached(finite)  # [BT] rather than the [BT, BT] mask live through the products
     b_L = tl.where(finite, b_L, 0.0)
+    return blocked_lower_inverse(b_L, blocks_of(b_L, BC, 0), m_reached, MM)
+
+
+@triton.jit
+def blocked_lower_inverse(b_L, b_D, m_reached, MM: tl.constexpr):
+    """:func:`unit_lower_inverse` from finite parts: the ``[BT, BT]`` L (its
+    blocks below the ``[BC, BC]`` diagonal ones are read), the diagonal
+    blocks ``b_D`` ``[4, BC, BC]`` and the rows to make NaN ``m_reached``
+    ``[BT]``."""
+    BC: tl.constexpr = b_D.shape[1]
+    BT: tl.constexpr = b_L.shape[0]
+    tl.static_assert(BT == 4 * BC)
     # The merges' operands first, in their operand dtype (bf16 for bf16 inputs), so the
     # fp32 L is not live through the substitution and the products.
     b_M1 = operand(pair_member(blocks_of(b_L, BC, 1), 1), MM)  # blocks (1, 0) and (3, 2)
     b_M2 = operand(pair_member(blocks_of(b_L, 2 * BC, 1), 1), MM)  # block (1, 0) at 2 BC
-    b_Ai = diagonal_block_inverse(blocks_of(b_L, BC, 0))
+    b_Ai = diagonal_block_inverse(b_D)
     b_Ai = merge_pairs(merge_pairs(b_Ai, b_M1, MM), b_M2, MM)  # [2, 2 BC, 2 BC], then [1, BT, BT]
     return tl.where(m_reached[:, None], float("nan"), tl.reshape(b_Ai, [BT, BT]))
 
@@ -192,4 +203,33 @@ def wy_inverse_kernel(
         b_kk += dot(b_beta[:, None] * b_k, tl.trans(b_k), MM)
     segment, keep = causal_segments(b_g, True)
     b_A = unit_lower_inverse(tl.where(keep, b_kk * tl.exp(segment), 0.0), BC, MM)
+    store_rows_cols(A_out, b_A, tok, m_t, HV, i_h, BT, 0, BT)
+
+
+@triton.jit
+def channel_wy_inverse_kernel(
+    k, g, gate_params, beta, chunk_table, k_rstd, A_out,
+    n_chunks, H_qk, HV, K,
+    BT: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+    BETA_SIGMOID: tl.constexpr, BETA_SCALE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    CMM: tl.constexpr,
+):
+    """:func:`wy_inverse_kernel` for a gate per key channel (KDA); grid (NC, HV).
+    ``L_ij = beta_i sum_d k_id k_jd exp(Γ_id - Γ_jd)`` (``i > j``) from
+    :func:`~.channel.channel_products` under ``CMM``
+    (``kernels.precision.channel_mode``), its sub-chunks of ``BC`` rows the
+    inverse's diagonal blocks, whose substitution reads them as they come;
+    the merges under ``MM``, as ``kernels.torch.prep`` takes them."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_hk = i_h // (HV // H_qk)
+    start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
+    b_beta, _ = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
+    b_L, b_D = channel_products(k, k, k_rstd, k_rstd, g, gate_params, b_beta, start, length, H_qk, i_hk, HV, i_h,
+                                K, BT, BC, BKS, HAS_NORM, GATE, True, ACC, CMM)
+    finite_L, finite_D = (b_L - b_L) == 0.0, (b_D - b_D) == 0.0
+    # the rows a non-finite entry reaches (rows_reached over both parts)
+    bad = tl.max(tl.where(finite_L, 0, 1), 1) + tl.reshape(tl.max(tl.where(finite_D, 0, 1), 2), [BT])
+    b_A = blocked_lower_inverse(tl.where(finite_L, b_L, 0.0), tl.where(finite_D, b_D, 0.0),
+                                tl.cumsum(bad, 0) > 0, MM)
     store_rows_cols(A_out, b_A, tok, m_t, HV, i_h, BT, 0, BT)
