@@ -329,6 +329,47 @@ def compare_channel_prep(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     return {name: float((ours[name] - twin[name]).norm() / twin[name].norm()) for name in twin}
 
 
+def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int,
+                          dtype: torch.dtype, seed: int, gate: bool, l2: bool, hard: bool = False,
+                          device: str = "cpu") -> dict[str, float]:
+    """KDA's two forward walks (a gate per key channel) of ``programs`` against
+    the torch programs, each on the W, U (and scores) of the torch programs
+    (inputs as :func:`compare_channel_prep`), with initial states, the first
+    fragment crossing in from ``s_in`` and the last crossing out: the
+    relative RMS error of the tape walk's chunk start states ``h``, ``v_new``
+    and final states, and of the walk with the output's ``o`` and final
+    states (``final_walk``). ``h``, ``v_new`` and ``o`` start as NaN, so an
+    entry not written fails."""
+    T, cdt = bounds[-1], accumulator_dtype(dtype)
+    gen, q, k, g, params, _, _ = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device,
+                                                 unit_k=True)
+    index, N = build_index(bounds, crossing=True, capped=False, device=device)
+    v = torch.randn(T, HV, V, generator=gen).to(device, dtype)
+    beta = (torch.randn(T, HV, generator=gen) if gate else torch.rand(T, HV, generator=gen)).to(device, dtype)
+    state0, s_in = (torch.randn(n, HV, K, V, generator=gen).to(device, cdt) for n in (N, 1))
+    norms = [torch.empty(T, H_qk, device=device, dtype=cdt) for _ in range(2)] if l2 else [None, None]
+    tapes = [torch.empty(T, HV, n, dtype=buffer_dtype(pool, dtype), device=device)
+             for pool, n in (("A", CHUNK_SIZE), ("w", K), ("v_new", V), ("scores", CHUNK_SIZE))]
+    torch_programs.prep(q, k, v, g, beta, index, gate_params=params, beta_sigmoid=gate, A_out=tapes[0],
+                        w_out=tapes[1], u_out=tapes[2], q_rstd_out=norms[0], k_rstd_out=norms[1])
+    torch_programs.scores(q, k, g, index, gate_params=params, q_rstd=norms[0], k_rstd=norms[1], scores_out=tapes[3])
+    outs = []
+    for backend in (torch_programs, programs):
+        h = torch.full((index.n_chunks, HV, K, V), float("nan"), dtype=buffer_dtype("h", dtype), device=device)
+        v_new, final = tapes[2].clone().fill_(float("nan")), torch.zeros(N, HV, K, V, dtype=cdt, device=device)
+        u = tapes[2].clone()
+        backend.tape_walk(k, tapes[1], u, g, index, gate_params=params, k_rstd=norms[1], initial_state=state0,
+                          s_in=s_in, h_out=h, v_new_out=v_new, final_state_out=final)
+        o, final_walk = torch.full_like(v, float("nan")), torch.zeros_like(final)
+        backend.walk_output(q, k, tapes[1], tapes[2], g, tapes[3], index, gate_params=params, scale=K ** -0.5,
+                            q_rstd=norms[0], k_rstd=norms[1], initial_state=state0, s_in=s_in, o_out=o,
+                            final_state_out=final_walk)
+        outs.append({"h": h.double(), "v_new": v_new.double(), "final": final.double(), "o": o.double(),
+                     "final_walk": final_walk.double()})
+    twin, ours = outs
+    return {name: float((ours[name] - twin[name]).norm() / twin[name].norm()) for name in twin}
+
+
 def compare_channel_scores(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, dtype: torch.dtype,
                            seed: int, gate: bool, l2: bool, hard: bool = False, device: str = "cpu") -> float:
     """KDA's scores (a gate per key channel, g ``[T, HV, K]``) of ``programs``

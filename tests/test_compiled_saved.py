@@ -62,18 +62,20 @@ def test_two_ranks_keep_the_saved_layout(exchange):
 
 
 THREE_RANK_OPTIONS = {
-    "ci": [dict(save_transfer=True, segments=2), dict(save_for_backward=False, boundary_mode="replay")],
-    "extended": [dict(boundary_mode="replay"), dict(save_mode="inverse", segments=2)],
+    "ci": [dict(save_transfer=True, segments=2)],
+    "extended": [dict(boundary_mode="replay"), dict(save_mode="inverse", segments=2),
+                 dict(save_for_backward=False, boundary_mode="replay")],
 }
 
 
 @pytest.mark.parametrize("options", ["ci", pytest.param("extended", marks=pytest.mark.extended)])
 def test_three_ranks_keep_the_saved_layout_with_every_option(options):
-    """A middle rank; the owners' M kept and two segments a fragment, no
-    saved set (the backward replays the forward); in make test-extended a
-    replayed boundary alone, and inverse mode with two segments."""
+    """A middle rank; the owners' M kept and two segments a fragment; in make
+    test-extended a replayed boundary alone, inverse mode with two segments,
+    and no saved set (the backward replays the forward)."""
     spawn_ranks(3, run_ranks, THREE_RANK_OPTIONS[options], "none")
 
 
-def test_two_ranks_keep_the_saved_layout_under_a_checkpoint():
-    spawn_ranks(2, run_ranks, [dict(save_mode="light"), dict(save_mode="inverse")], "policy")
+@pytest.mark.parametrize("save_mode", ["light", pytest.param("inverse", marks=pytest.mark.extended)])
+def test_two_ranks_keep_the_saved_layout_under_a_checkpoint(save_mode):
+    spawn_ranks(2, run_ranks, [dict(save_mode=save_mode)], "policy")

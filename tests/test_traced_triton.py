@@ -9,7 +9,7 @@ every in-kernel option, and ``gdn_kcp`` with two segments and
 program as a ``triton_kernel_wrapper_functional`` that clones only what it
 writes, calls no opaque ``gdn_kcp`` op, and writes none of its inputs; and
 the peak of Inductor's plan of that step equals the byte queries; and on
-every rank of 2 and 3 fake ranks (overlap, segments; a2a and ring in
+every rank of 2 and 3 fake ranks (segments; a2a, ring and overlap in
 make test-extended) the peak
 of Inductor's plan of ``gdn_kcp`` is within the rank's queries."""
 
@@ -39,9 +39,9 @@ SEGMENTS_BACKWARD = {**{k: n for k, n in FLA_BACKWARD.items() if k not in ("wy_i
                      "adjoint_segment_summary_kernel": 1, "compose_adjoints_kernel": 1}
 
 
-# indices into traced_launches.KCP_PLAN_CASES: CI compiles the replayed boundary with schedule="overlap"
-# (2 ranks) and save_transfer with two segments (3 ranks); make test-extended the plain a2a and ring at 3
-KCP_CASES = {"ci": (2, 3), "extended": (0, 1)}
+# indices into traced_launches.KCP_PLAN_CASES: CI compiles save_transfer with two segments (3 ranks); make
+# test-extended the plain a2a and ring at 3 and the replayed boundary with schedule="overlap" (2 ranks)
+KCP_CASES = {"ci": (3,), "extended": (0, 1, 2)}
 
 
 def traced_launches(cache_dir, *args: str) -> dict:
@@ -134,7 +134,8 @@ def test_inductor_plans_every_kcp_rank_within_the_queries(report):
 
 @pytest.mark.extended
 def test_inductor_plans_every_kcp_rank_of_the_plain_exchanges(tmp_path):
-    """:func:`check_kcp_plans` for the plain a2a and ring on 3 ranks."""
+    """:func:`check_kcp_plans` for the plain a2a and ring on 3 ranks and the
+    replayed boundary with ``schedule="overlap"`` on 2."""
     rows = traced_launches(tmp_path, "--only-kcp", "--kcp-cases", ",".join(map(str, KCP_CASES["extended"])))
     check_kcp_plans(rows["kcp_plans"], KCP_CASES["extended"])
 

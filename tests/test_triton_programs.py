@@ -53,7 +53,9 @@ CASES = {
 # also round the outputs and gradients to bf16 (2^-8 relative).
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
 
-EXTENDED_CASES = {"bf16-V512"}  # 43 s: make test-extended; bf16-V128 loops over value tiles in CI
+# FLA's layer head sizes, 43 s and 27 s: make test-extended (bf16-V128 loops over value tiles in CI; the GPU
+# check's programs stage runs K = V = 128)
+EXTENDED_CASES = {"bf16-V512", "bf16-K256"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED_CASES else n
@@ -249,6 +251,23 @@ def test_channel_prep_matches_the_torch_twin(name):
 
     case = CHANNEL_CASES[name]
     errors = compare_channel_prep(triton_programs, **case, V=CHANNEL_V[name], seed=case["K"] + case["HV"])
+    tolerance = 1e-14 if case["dtype"] == torch.float64 else TOLERANCE[case["dtype"]]
+    assert max(errors.values()) < tolerance, errors
+
+
+@pytest.mark.parametrize("name", sorted(CHANNEL_CASES))
+def test_channel_walks_match_the_torch_twins(name):
+    """KDA's forward walks in Triton (``tape_walk_kernel`` and
+    ``walk_output_kernel`` with ``CHANNEL``: each state row decays by its own
+    channel, and q by its channels' cumsums) against the torch programs
+    (``twin_check.compare_channel_walks``, also run by the GPU check): chunk
+    start states, v_new, o and both walks' final states, with initial states
+    and fragments crossing in and out, every h, v_new and o entry written."""
+    from gdn_kcp.kernels import triton as triton_programs
+    from gdn_kcp.kernels.twin_check import compare_channel_walks
+
+    case = CHANNEL_CASES[name]
+    errors = compare_channel_walks(triton_programs, **case, V=CHANNEL_V[name], seed=case["K"] + case["HV"])
     tolerance = 1e-14 if case["dtype"] == torch.float64 else TOLERANCE[case["dtype"]]
     assert max(errors.values()) < tolerance, errors
 

@@ -1,5 +1,6 @@
-"""KDA's intra-chunk products in Triton (a gate per key channel): the device
-form of ``kernels/torch/_channel.py``, shared by the scores and the WY inverse.
+"""KDA in Triton (a gate per key channel): the intra-chunk products, the
+device form of ``kernels/torch/_channel.py`` shared by the scores and the WY
+inverse, and the walks' state update (:func:`channel_advance_state`).
 
 ``S_ij = s_i sum_d a_id b_jd exp(Γ_id - Γ_jd)`` for the rows ``j <= i`` of a
 chunk comes in two parts. The pairs across sub-chunks are ``[BT, BT]``
@@ -21,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import channel_gates, chunk_tokens, dot, load_qk_cols
+from ._common import channel_gates, chunk_tokens, dot, load_qk_cols, operand
 
 BKS_CHANNEL = 32
 """Key columns per slice of :func:`channel_products`: its elementwise
@@ -93,3 +94,49 @@ def diagonal_block_pointers(ptr, start, length, H, h, BT: tl.constexpr, SUB: tl.
     row = o_b[:, None, None] * SUB + o_s[None, :, None]
     col = o_b[:, None, None] * SUB + o_s[None, None, :]
     return ptr + ((start.to(tl.int64) + row) * H + h) * BT + col, row < length
+
+
+@triton.jit
+def channel_state_half(k, k_rstd, g, gate_params, X, b_vs, tok, m_t, length, H_qk, hk, HV, h, K, col0,
+                       BH: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr,
+                       ACC: tl.constexpr):
+    """Key rows ``[col0, col0 + BH)`` of a walk's state update with a gate per
+    key channel: ``exp(G_C) X + (K exp(G_C - G))^T V_new`` (``b_vs``: V_new as
+    the products read it). The decay of row i, ``exp(sum_{l > i} g_l)``, is a
+    reverse cumsum of the gates one row on (each exponent a sum of exactly the
+    gates it spans, at most 0), on K's side: it differs per channel, so it
+    cannot go on V_new's side as the scalar gate's ``k_scale`` does."""
+    o_t = tl.arange(0, tok.shape[0])
+    b_after = channel_gates(g, gate_params, tok + 1, o_t + 1 < length, HV, h, K, col0, BH, GATE, ACC)
+    b_tail = tl.cumsum(b_after, 0, reverse=True)
+    # G_C = g_0 + sum_{l > 0} g_l: the first row's gates and the tail's first row, no second [BT, BH] tile
+    b_first = tl.sum(channel_gates(g, gate_params, tok, o_t == 0, HV, h, K, col0, BH, GATE, ACC), 0)
+    gamma = tl.exp(b_first + tl.sum(tl.where(o_t[:, None] == 0, b_tail, 0.0), 0))
+    b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, col0, BH, HAS_NORM, ACC)
+    b_k = operand(b_k * tl.exp(b_tail), MM)
+    return gamma[:, None] * X + dot(tl.trans(b_k), b_vs, MM)
+
+
+@triton.jit
+def channel_advance_state(k, k_rstd, g, gate_params, X1, X2, b_vn, tok, m_t, length, H_qk, hk, HV, h, K,
+                          BH: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr,
+                          ACC: tl.constexpr):
+    """``_common.advance_state`` with a gate per key channel (KDA), each half
+    of the state by :func:`channel_state_half`. Returns ``(X1, X2)``."""
+    b_vs = operand(b_vn, MM)
+    X1 = channel_state_half(k, k_rstd, g, gate_params, X1, b_vs, tok, m_t, length, H_qk, hk, HV, h, K, 0, BH,
+                            HAS_NORM, GATE, MM, ACC)
+    X2 = channel_state_half(k, k_rstd, g, gate_params, X2, b_vs, tok, m_t, length, H_qk, hk, HV, h, K, BH, BH,
+                            HAS_NORM, GATE, MM, ACC)
+    return X1, X2
+
+
+@triton.jit
+def channel_decayed_rows(x, x_rstd, g, gate_params, tok, m_t, H_qk, hk, HV, h, K, col0, BH: tl.constexpr,
+                         HAS_NORM: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """Columns ``[col0, col0 + BH)`` of ``x exp(G)`` (G: the per-channel gate
+    cumsum from the chunk's start, at most 0), as the products read it: the
+    output's pull of the chunk's start state, ``(q exp(G)) S``."""
+    b_g = channel_gates(g, gate_params, tok, m_t, HV, h, K, col0, BH, GATE, ACC)
+    b_x = load_qk_cols(x, x_rstd, tok, m_t, H_qk, hk, K, col0, BH, HAS_NORM, ACC)
+    return operand(b_x * tl.exp(tl.cumsum(b_g, 0)), MM)

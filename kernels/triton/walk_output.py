@@ -24,6 +24,7 @@ from ..chunk_index import ChunkIndex
 from ._common import (BT, WALK_STAGES, acc_dtype, advance_state, boundary_halves, chunk_tokens, chunk_values, dot,
                       frag_info, head_block, launch, load_qk_cols, load_tile, lower_dot, mm_mode, operand, pointer,
                       store_rows_cols, store_state_halves, walk_block, walk_operands)
+from .channel import channel_advance_state, channel_decayed_rows
 
 NUM_WARPS = 8
 """Warps per program, as the tape walk (``_common.walk_block``)."""
@@ -37,8 +38,12 @@ def walk_output_kernel(
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_CARRY: tl.constexpr,
-    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr, CHANNEL: tl.constexpr,
 ):
+    """One fragment of one value head, value columns ``[i_v BV, (i_v + 1) BV)``;
+    grid (n_frag, HV, V / BV). With ``CHANNEL`` (KDA) g holds a gate per key
+    channel ``[T, HV, K]``: q decays per channel (``channel.channel_decayed_rows``)
+    and so do the state's rows (``channel.channel_advance_state``)."""
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -50,17 +55,29 @@ def walk_output_kernel(
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
-        gamma = tl.exp(G)
-        b_q1 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, 0, BH, HAS_NORM, ACC), MM)
-        b_q2 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, BH, BH, HAS_NORM, ACC), MM)
+        if CHANNEL:
+            b_q1 = channel_decayed_rows(q, q_rstd, g, gate_params, tok, m_t, H_qk, i_hk, HV, i_h, K, 0, BH,
+                                        HAS_NORM, GATE, MM, ACC)
+            b_q2 = channel_decayed_rows(q, q_rstd, g, gate_params, tok, m_t, H_qk, i_hk, HV, i_h, K, BH, BH,
+                                        HAS_NORM, GATE, MM, ACC)
+        else:
+            G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
+            gamma = tl.exp(G)
+            b_q1 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, 0, BH, HAS_NORM, ACC),
+                           MM)
+            b_q2 = operand(gamma[:, None] * load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, BH, BH, HAS_NORM, ACC),
+                           MM)
         b_o = dot(b_q1, S1, MM) + dot(b_q2, S2, MM)
         b_vn = chunk_values(w, u, S1, S2, tok, m_t, HV, i_h, K, V, col, BH, BV, True, MM, ACC)
         b_p = operand(load_tile(scores, tok, m_t, HV, i_h, BT, 0, BT).to(ACC), MM)
         b_o += lower_dot(b_p, b_vn, MM)
         store_rows_cols(o, scale * b_o, tok, m_t, HV, i_h, V, col, BV)
-        S1, S2 = advance_state(k, k_rstd, S1, S2, b_vn, tok, m_t, k_scale, gamma_last, H_qk, i_hk, K, BH, HAS_NORM,
-                               MM, ACC)
+        if CHANNEL:
+            S1, S2 = channel_advance_state(k, k_rstd, g, gate_params, S1, S2, b_vn, tok, m_t, length, H_qk, i_hk,
+                                           HV, i_h, K, BH, HAS_NORM, GATE, MM, ACC)
+        else:
+            S1, S2 = advance_state(k, k_rstd, S1, S2, b_vn, tok, m_t, k_scale, gamma_last, H_qk, i_hk, K, BH,
+                                   HAS_NORM, MM, ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
             store_state_halves(final_state, S1, S2, i_f, HV, i_h, K, V, col, BH, BV)
@@ -99,5 +116,6 @@ def walk_output(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_INITIAL=initial_state is not None,
         HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, HAS_CARRY=has_carry,
-        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), CHANNEL=g.dim() == 3, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )
