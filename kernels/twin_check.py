@@ -337,9 +337,10 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     (inputs as :func:`compare_channel_prep`), with initial states, the first
     fragment crossing in from ``s_in`` and the last crossing out: the
     relative RMS error of the tape walk's chunk start states ``h``, ``v_new``
-    and final states, and of the walk with the output's ``o`` and final
-    states (``final_walk``). ``h``, ``v_new`` and ``o`` start as NaN, so an
-    entry not written fails."""
+    and final states, of the walk with the output's ``o`` and final states
+    (``final_walk``), and of the summary walk's ``S_loc`` and ``M`` (on one
+    fragment over the whole range crossing in and out: a middle rank's). ``h``, ``v_new``, ``o``
+    and the summary start as NaN, so an entry not written fails."""
     T, cdt = bounds[-1], accumulator_dtype(dtype)
     gen, q, k, g, params, _, _ = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device,
                                                  unit_k=True)
@@ -347,6 +348,8 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     v = torch.randn(T, HV, V, generator=gen).to(device, dtype)
     beta = (torch.randn(T, HV, generator=gen) if gate else torch.rand(T, HV, generator=gen)).to(device, dtype)
     state0, s_in = (torch.randn(n, HV, K, V, generator=gen).to(device, cdt) for n in (N, 1))
+    # the summary walk's: one fragment over the whole range, crossing in and out (a middle rank)
+    middle = ChunkIndex.from_fragments((0, T), frag_flags=[CROSSING_IN | CROSSING_OUT], device=device)
     norms = [torch.empty(T, H_qk, device=device, dtype=cdt) for _ in range(2)] if l2 else [None, None]
     tapes = [torch.empty(T, HV, n, dtype=buffer_dtype(pool, dtype), device=device)
              for pool, n in (("A", CHUNK_SIZE), ("w", K), ("v_new", V), ("scores", CHUNK_SIZE))]
@@ -364,8 +367,12 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
         backend.walk_output(q, k, tapes[1], tapes[2], g, tapes[3], index, gate_params=params, scale=K ** -0.5,
                             q_rstd=norms[0], k_rstd=norms[1], initial_state=state0, s_in=s_in, o_out=o,
                             final_state_out=final_walk)
+        summary = torch.full((1, HV, K, V + K), float("nan"), dtype=cdt, device=device)  # [S_loc | M]
+        backend.summary_walk(k, tapes[1], tapes[2], g, middle, gate_params=params, k_rstd=norms[1],
+                             initial_state=None, summary_out=summary)
         outs.append({"h": h.double(), "v_new": v_new.double(), "final": final.double(), "o": o.double(),
-                     "final_walk": final_walk.double()})
+                     "final_walk": final_walk.double(), "S_loc": summary[..., :V].double(),
+                     "M": summary[..., V:].double()})
     twin, ours = outs
     return {name: float((ours[name] - twin[name]).norm() / twin[name].norm()) for name in twin}
 

@@ -257,12 +257,13 @@ def test_channel_prep_matches_the_torch_twin(name):
 
 @pytest.mark.parametrize("name", sorted(CHANNEL_CASES))
 def test_channel_walks_match_the_torch_twins(name):
-    """KDA's forward walks in Triton (``tape_walk_kernel`` and
-    ``walk_output_kernel`` with ``CHANNEL``: each state row decays by its own
-    channel, and q by its channels' cumsums) against the torch programs
-    (``twin_check.compare_channel_walks``, also run by the GPU check): chunk
-    start states, v_new, o and both walks' final states, with initial states
-    and fragments crossing in and out, every h, v_new and o entry written."""
+    """KDA's forward walks in Triton (``tape_walk_kernel``,
+    ``walk_output_kernel`` and ``summary_walk_kernel`` with ``CHANNEL``: each
+    state row decays by its own channel, and q by its channels' cumsums)
+    against the torch programs (``twin_check.compare_channel_walks``, also
+    run by the GPU check): chunk start states, v_new, o, both walks' final
+    states, with initial states and fragments crossing in and out, and a
+    middle rank's S_loc and M; every h, v_new, o and summary entry written."""
     from gdn_kcp.kernels import triton as triton_programs
     from gdn_kcp.kernels.twin_check import compare_channel_walks
 

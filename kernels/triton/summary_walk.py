@@ -9,8 +9,10 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, last_real_fragment, launch,
-                      load_state_halves, mm_mode, pointer, state_chunk, store_state_strided, walk_block, walk_operands)
+from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, chunk_values, frag_info, head_block,
+                      last_real_fragment, launch, load_state_halves, mm_mode, pointer, state_chunk, store_state_strided,
+                      walk_block, walk_operands)
+from .channel import channel_advance_state
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
@@ -28,14 +30,16 @@ def summary_walk_kernel(
     k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k, out_col,
     n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, IS_M: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr, CHANNEL: tl.constexpr,
 ):
     """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it; the walk starts
     at the fragment's initial state when it starts its document and has one),
     K for M (u = 0, the walk starts at the identity), stored from column
     ``out_col`` of ``out``. Without a crossing-out
     fragment (a capped index) both stay 0, and so does M when the fragment
-    starts its document here: the identity of the composition."""
+    starts its document here: the identity of the composition. With
+    ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]`` and the
+    state's rows decay each by its channel (``channel.channel_advance_state``)."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -59,9 +63,14 @@ def summary_walk_kernel(
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
-        S1, S2 = state_chunk(k, k_rstd, w, u, u, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
-                             HV, i_h, K, V, col, BH, BV, HAS_NORM, not IS_M, False, MM, ACC)
+        if CHANNEL:
+            b_vn = chunk_values(w, u, S1, S2, tok, m_t, HV, i_h, K, V, col, BH, BV, not IS_M, MM, ACC)
+            S1, S2 = channel_advance_state(k, k_rstd, g, gate_params, S1, S2, b_vn, tok, m_t, length, H_qk, i_hk,
+                                           HV, i_h, K, BH, HAS_NORM, GATE, MM, ACC)
+        else:
+            G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
+            S1, S2 = state_chunk(k, k_rstd, w, u, u, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
+                                 HV, i_h, K, V, col, BH, BV, HAS_NORM, not IS_M, False, MM, ACC)
     store_state_strided(out + out_col, S1, i_h, stride_h, stride_k, K, WIDTH, 0, col, BH, BV)
     store_state_strided(out + out_col, S2, i_h, stride_h, stride_k, K, WIDTH, BH, col, BH, BV)
 
@@ -92,5 +101,5 @@ def summary_walk(
             index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
             HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(summary_out), MM=mm_mode(k),
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            CHANNEL=g.dim() == 3, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )
