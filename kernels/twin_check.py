@@ -338,7 +338,8 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     fragment crossing in from ``s_in`` and the last crossing out: the
     relative RMS error of the tape walk's chunk start states ``h``, ``v_new``
     and final states, of the walk with the output's ``o`` and final states
-    (``final_walk``), and of the summary walk's ``S_loc`` and ``M`` (on one
+    (``final_walk``), of the output from each backend's own tapes
+    (``o_tapes``), and of the summary walk's ``S_loc`` and ``M`` (on one
     fragment over the whole range crossing in and out: a middle rank's). ``h``, ``v_new``, ``o``
     and the summary start as NaN, so an entry not written fails."""
     T, cdt = bounds[-1], accumulator_dtype(dtype)
@@ -363,6 +364,9 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
         u = tapes[2].clone()
         backend.tape_walk(k, tapes[1], u, g, index, gate_params=params, k_rstd=norms[1], initial_state=state0,
                           s_in=s_in, h_out=h, v_new_out=v_new, final_state_out=final)
+        o_tapes = torch.full_like(v, float("nan"))
+        backend.output(q, k, g, h, v_new, index, gate_params=params, scale=K ** -0.5, q_rstd=norms[0],
+                       k_rstd=norms[1], o_out=o_tapes)
         o, final_walk = torch.full_like(v, float("nan")), torch.zeros_like(final)
         backend.walk_output(q, k, tapes[1], tapes[2], g, tapes[3], index, gate_params=params, scale=K ** -0.5,
                             q_rstd=norms[0], k_rstd=norms[1], initial_state=state0, s_in=s_in, o_out=o,
@@ -372,7 +376,7 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
                              initial_state=None, summary_out=summary)
         outs.append({"h": h.double(), "v_new": v_new.double(), "final": final.double(), "o": o.double(),
                      "final_walk": final_walk.double(), "S_loc": summary[..., :V].double(),
-                     "M": summary[..., V:].double()})
+                     "M": summary[..., V:].double(), "o_tapes": o_tapes.double()})
     twin, ours = outs
     return {name: float((ours[name] - twin[name]).norm() / twin[name].norm()) for name in twin}
 

@@ -30,11 +30,12 @@ rounded to bf16 or tf32 operands."""
 WITH_PRODUCTS = {"wy_inverse_kernel", "prep_kernel", "tape_walk_kernel", "summary_walk_kernel", "summary_walk_kernel[M]",
                  "output_kernel", "scores_kernel", "channel_scores_kernel", "channel_wy_inverse_kernel",
                  "prep_kernel[channel]", "tape_walk_kernel[channel]", "walk_output_kernel",
-                 "walk_output_kernel[channel]", "summary_walk_kernel[channel]", "summary_walk_kernel[M channel]", "bwd_local_dv_kernel",
+                 "walk_output_kernel[channel]", "summary_walk_kernel[channel]", "summary_walk_kernel[M channel]",
+                 "output_kernel[channel]", "bwd_local_dv_kernel",
                  "bwd_local_dv_kernel[one head]", "adjoint_walk_kernel",
                  "adjoint_summary_kernel", "bwd_dqkwg_kernel", "bwd_wy_kernel", "segment_summary_kernel",
                  "adjoint_segment_summary_kernel"} | EXACT_PRODUCTS
-N_KERNELS = 36
+N_KERNELS = 37
 DECODE_KERNELS = "recurrent_kernel,recurrent_kernel[conv],conv_step_kernel"
 
 

@@ -263,7 +263,9 @@ def test_channel_walks_match_the_torch_twins(name):
     against the torch programs (``twin_check.compare_channel_walks``, also
     run by the GPU check): chunk start states, v_new, o, both walks' final
     states, with initial states and fragments crossing in and out, and a
-    middle rank's S_loc and M; every h, v_new, o and summary entry written."""
+    middle rank's S_loc and M; and ``output_kernel`` with ``CHANNEL`` (o from
+    the tapes: the channel scores inside it); every h, v_new, o and summary
+    entry written."""
     from gdn_kcp.kernels import triton as triton_programs
     from gdn_kcp.kernels.twin_check import compare_channel_walks
 

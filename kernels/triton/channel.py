@@ -140,3 +140,16 @@ def channel_decayed_rows(x, x_rstd, g, gate_params, tok, m_t, H_qk, hk, HV, h, K
     b_g = channel_gates(g, gate_params, tok, m_t, HV, h, K, col0, BH, GATE, ACC)
     b_x = load_qk_cols(x, x_rstd, tok, m_t, H_qk, hk, K, col0, BH, HAS_NORM, ACC)
     return operand(b_x * tl.exp(tl.cumsum(b_g, 0)), MM)
+
+
+@triton.jit
+def with_diagonal_blocks(b_s, b_D):
+    """The ``[BT, BT]`` matrix of :func:`channel_products`' two parts: the pairs
+    across sub-chunks ``b_s`` with the diagonal blocks ``b_D`` in place of its
+    zeros there."""
+    NB: tl.constexpr = b_D.shape[0]
+    SUB: tl.constexpr = b_D.shape[1]
+    o_b = tl.arange(0, NB)
+    same = o_b[:, None, None, None] == o_b[None, None, :, None]  # [block, row, block, column]
+    full = tl.where(same, tl.reshape(b_D, [NB, SUB, 1, SUB]), tl.reshape(b_s, [NB, SUB, NB, SUB]))
+    return tl.reshape(full, [b_s.shape[0], b_s.shape[1]])
