@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from extended import extended_at
 from gdn_inputs import make_inputs, rel_rms
 from gdn_kcp.kernels.twin_check import compare_segments_with_torch, compare_with_torch, run_segment_programs
 
@@ -58,8 +59,7 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
 EXTENDED_CASES = {"bf16-V512", "bf16-K256"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED_CASES else n
-                                  for n in sorted(CASES)])
+@pytest.mark.parametrize("name", extended_at(sorted(CASES), EXTENDED_CASES))
 def test_triton_programs_match_torch_twins(name):
     from gdn_kcp.kernels import triton as triton_programs
 

@@ -8,16 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from arena_cases import CAPPED_MAX_DOCS, CAPPED_R, H_QK, HV, K, PACKINGS, V, run_arena, valid_options
+from extended import extended_at
 from spawn import spawn_ranks
 
 
 def test_option_matrix_is_large():
     assert len(valid_options()) >= 40
-
-
-def extended_at(values, extended):
-    """``values`` as parameters, those in ``extended`` for make test-extended only."""
-    return [pytest.param(v, marks=pytest.mark.extended) if v in extended else v for v in values]
 
 
 @pytest.mark.parametrize("R", extended_at(sorted(PACKINGS), {5}))

@@ -22,7 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import channel_gates, chunk_tokens, dot, load_qk_cols, operand
+from ._common import (channel_gates, chunk_tokens, chunk_values, dot, load_qk_cols, operand, state_chunk,
+                      store_rows_cols, walk_operands)
 
 BKS_CHANNEL = 32
 """Key columns per slice of :func:`channel_products`: its elementwise
@@ -129,6 +130,26 @@ def channel_advance_state(k, k_rstd, g, gate_params, X1, X2, b_vn, tok, m_t, len
     X2 = channel_state_half(k, k_rstd, g, gate_params, X2, b_vs, tok, m_t, length, H_qk, hk, HV, h, K, BH, BH,
                             HAS_NORM, GATE, MM, ACC)
     return X1, X2
+
+
+@triton.jit
+def gated_state_chunk(k, k_rstd, w, u, v_new, g, gate_params, X1, X2, tok, m_t, length, H_qk, hk, HV, h, K, V, col,
+                      BT: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+                      HAS_U: tl.constexpr, STORE: tl.constexpr, GATE: tl.constexpr, CHANNEL: tl.constexpr,
+                      MM: tl.constexpr, ACC: tl.constexpr):
+    """``_common.state_chunk`` for either gate: a scalar per row
+    (``walk_operands``' decays) or, with ``CHANNEL``, a gate per key channel
+    (:func:`channel_advance_state`). Returns ``(X1, X2)``."""
+    if CHANNEL:
+        b_vn = chunk_values(w, u, X1, X2, tok, m_t, HV, h, K, V, col, BH, BV, HAS_U, MM, ACC)
+        if STORE:
+            store_rows_cols(v_new, b_vn, tok, m_t, HV, h, V, col, BV)
+        return channel_advance_state(k, k_rstd, g, gate_params, X1, X2, b_vn, tok, m_t, length, H_qk, hk, HV, h, K,
+                                     BH, HAS_NORM, GATE, MM, ACC)
+    else:
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, h, BT, GATE, ACC)
+        return state_chunk(k, k_rstd, w, u, v_new, X1, X2, tok, m_t, k_scale, gamma_last, H_qk, hk, HV, h, K, V,
+                           col, BH, BV, HAS_NORM, HAS_U, STORE, MM, ACC)
 
 
 @triton.jit

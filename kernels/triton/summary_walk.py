@@ -9,10 +9,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, chunk_values, frag_info, head_block,
-                      last_real_fragment, launch, load_state_halves, mm_mode, pointer, state_chunk, store_state_strided,
-                      walk_block, walk_operands)
-from .channel import channel_advance_state
+from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, last_real_fragment, launch,
+                      load_state_halves, mm_mode, pointer, store_state_strided, walk_block)
+from .channel import gated_state_chunk
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
@@ -39,7 +38,7 @@ def summary_walk_kernel(
     fragment (a capped index) both stay 0, and so does M when the fragment
     starts its document here: the identity of the composition. With
     ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]`` and the
-    state's rows decay each by its channel (``channel.channel_advance_state``)."""
+    state's rows decay each by its channel (``channel.gated_state_chunk``)."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -63,14 +62,8 @@ def summary_walk_kernel(
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        if CHANNEL:
-            b_vn = chunk_values(w, u, S1, S2, tok, m_t, HV, i_h, K, V, col, BH, BV, not IS_M, MM, ACC)
-            S1, S2 = channel_advance_state(k, k_rstd, g, gate_params, S1, S2, b_vn, tok, m_t, length, H_qk, i_hk,
-                                           HV, i_h, K, BH, HAS_NORM, GATE, MM, ACC)
-        else:
-            G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
-            S1, S2 = state_chunk(k, k_rstd, w, u, u, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
-                                 HV, i_h, K, V, col, BH, BV, HAS_NORM, not IS_M, False, MM, ACC)
+        S1, S2 = gated_state_chunk(k, k_rstd, w, u, u, g, gate_params, S1, S2, tok, m_t, length, H_qk, i_hk, HV, i_h,
+                                   K, V, col, BT, BH, BV, HAS_NORM, not IS_M, False, GATE, CHANNEL, MM, ACC)
     store_state_strided(out + out_col, S1, i_h, stride_h, stride_k, K, WIDTH, 0, col, BH, BV)
     store_state_strided(out + out_col, S2, i_h, stride_h, stride_k, K, WIDTH, BH, col, BH, BV)
 

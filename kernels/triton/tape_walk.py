@@ -9,10 +9,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, chunk_values, frag_info, head_block,
-                      launch, mm_mode, pointer, state_chunk, store_rows_cols, store_state_halves, walk_block,
-                      walk_operands)
-from .channel import channel_advance_state
+from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, frag_info, head_block, launch,
+                      mm_mode, pointer, store_state_halves, walk_block)
+from .channel import gated_state_chunk
 
 
 NUM_WARPS = 8
@@ -33,7 +32,7 @@ def tape_walk_kernel(
     """One fragment of one value head, value columns ``[i_v BV, (i_v + 1) BV)``;
     grid (n_frag, HV, V / BV). With ``CHANNEL`` (KDA) g holds a gate per key
     channel ``[T, HV, K]`` and the state's rows decay each by its channel
-    (``channel.channel_advance_state``)."""
+    (``channel.gated_state_chunk``)."""
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -47,15 +46,8 @@ def tape_walk_kernel(
         store_state_halves(h_out, S1, S2, c, HV, i_h, K, V, col, BH, BV)
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        if CHANNEL:
-            b_vn = chunk_values(w, u, S1, S2, tok, m_t, HV, i_h, K, V, col, BH, BV, True, MM, ACC)
-            store_rows_cols(v_new, b_vn, tok, m_t, HV, i_h, V, col, BV)
-            S1, S2 = channel_advance_state(k, k_rstd, g, gate_params, S1, S2, b_vn, tok, m_t, length, H_qk, i_hk,
-                                           HV, i_h, K, BH, HAS_NORM, GATE, MM, ACC)
-        else:
-            G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
-            S1, S2 = state_chunk(k, k_rstd, w, u, v_new, S1, S2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
-                                 HV, i_h, K, V, col, BH, BV, HAS_NORM, True, True, MM, ACC)
+        S1, S2 = gated_state_chunk(k, k_rstd, w, u, v_new, g, gate_params, S1, S2, tok, m_t, length, H_qk, i_hk, HV,
+                                   i_h, K, V, col, BT, BH, BV, HAS_NORM, True, True, GATE, CHANNEL, MM, ACC)
     if HAS_FINAL:
         if (flags & 2) == 0:
             store_state_halves(final_state, S1, S2, i_f, HV, i_h, K, V, col, BH, BV)
