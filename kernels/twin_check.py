@@ -304,6 +304,19 @@ def _channel_inputs(bounds, H_qk: int, HV: int, K: int, dtype: torch.dtype, seed
     return gen, q, k, g, params, rstd, ChunkIndex.from_fragments(list(bounds), device=device)
 
 
+def _channel_values(gen: torch.Generator, T: int, HV: int, V: int, dtype: torch.dtype, gate: bool, device: str):
+    """v ``[T, HV, V]`` and beta ``[T, HV]`` of the ``compare_channel_*`` checks
+    (beta raw for its in-kernel sigmoid when ``gate``, else in (0, 1))."""
+    v = torch.randn(T, HV, V, generator=gen).to(device, dtype)
+    beta = (torch.randn(T, HV, generator=gen) if gate else torch.rand(T, HV, generator=gen)).to(device, dtype)
+    return v, beta
+
+
+def relative_rms_errors(ours: dict[str, torch.Tensor], twin: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``|ours - twin| / |twin|`` (Frobenius) of each named tensor, in fp64."""
+    return {name: float((ours[name].double() - x.double()).norm() / x.double().norm()) for name, x in twin.items()}
+
+
 def compare_channel_prep(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int,
                          dtype: torch.dtype, seed: int, gate: bool, l2: bool, hard: bool = False,
                          device: str = "cpu") -> dict[str, float]:
@@ -314,8 +327,7 @@ def compare_channel_prep(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     T = bounds[-1]
     gen, q, k, g, params, rstd, index = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device,
                                                         unit_k=True)
-    v = torch.randn(T, HV, V, generator=gen).to(device, dtype)
-    beta = (torch.randn(T, HV, generator=gen) if gate else torch.rand(T, HV, generator=gen)).to(device, dtype)
+    v, beta = _channel_values(gen, T, HV, V, dtype, gate, device)
     outs = []
     for backend in (torch_programs, programs):
         tapes = {name: torch.full((T, HV, n), float("nan"), dtype=dtype, device=device)
@@ -324,9 +336,9 @@ def compare_channel_prep(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
             else [None, None]
         backend.prep(q, k, v, g, beta, index, gate_params=params, beta_sigmoid=gate, A_out=tapes["A"],
                      w_out=tapes["w"], u_out=tapes["u"], q_rstd_out=norms[0], k_rstd_out=norms[1])
-        outs.append({name: x.double() for name, x in tapes.items()})
+        outs.append(tapes)
     twin, ours = outs
-    return {name: float((ours[name] - twin[name]).norm() / twin[name].norm()) for name in twin}
+    return relative_rms_errors(ours, twin)
 
 
 def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int,
@@ -346,8 +358,7 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     gen, q, k, g, params, _, _ = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device,
                                                  unit_k=True)
     index, N = build_index(bounds, crossing=True, capped=False, device=device)
-    v = torch.randn(T, HV, V, generator=gen).to(device, dtype)
-    beta = (torch.randn(T, HV, generator=gen) if gate else torch.rand(T, HV, generator=gen)).to(device, dtype)
+    v, beta = _channel_values(gen, T, HV, V, dtype, gate, device)
     state0, s_in = (torch.randn(n, HV, K, V, generator=gen).to(device, cdt) for n in (N, 1))
     # the summary walk's: one fragment over the whole range, crossing in and out (a middle rank)
     middle = ChunkIndex.from_fragments((0, T), frag_flags=[CROSSING_IN | CROSSING_OUT], device=device)
@@ -360,9 +371,8 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     outs = []
     for backend in (torch_programs, programs):
         h = torch.full((index.n_chunks, HV, K, V), float("nan"), dtype=buffer_dtype("h", dtype), device=device)
-        v_new, final = tapes[2].clone().fill_(float("nan")), torch.zeros(N, HV, K, V, dtype=cdt, device=device)
-        u = tapes[2].clone()
-        backend.tape_walk(k, tapes[1], u, g, index, gate_params=params, k_rstd=norms[1], initial_state=state0,
+        v_new, final = torch.full_like(tapes[2], float("nan")), torch.zeros(N, HV, K, V, dtype=cdt, device=device)
+        backend.tape_walk(k, tapes[1], tapes[2], g, index, gate_params=params, k_rstd=norms[1], initial_state=state0,
                           s_in=s_in, h_out=h, v_new_out=v_new, final_state_out=final)
         o_tapes = torch.full_like(v, float("nan"))
         backend.output(q, k, g, h, v_new, index, gate_params=params, scale=K ** -0.5, q_rstd=norms[0],
@@ -374,11 +384,10 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
         summary = torch.full((1, HV, K, V + K), float("nan"), dtype=cdt, device=device)  # [S_loc | M]
         backend.summary_walk(k, tapes[1], tapes[2], g, middle, gate_params=params, k_rstd=norms[1],
                              initial_state=None, summary_out=summary)
-        outs.append({"h": h.double(), "v_new": v_new.double(), "final": final.double(), "o": o.double(),
-                     "final_walk": final_walk.double(), "S_loc": summary[..., :V].double(),
-                     "M": summary[..., V:].double(), "o_tapes": o_tapes.double()})
+        outs.append({"h": h, "v_new": v_new, "final": final, "o": o, "final_walk": final_walk,
+                     "S_loc": summary[..., :V], "M": summary[..., V:], "o_tapes": o_tapes})
     twin, ours = outs
-    return {name: float((ours[name] - twin[name]).norm() / twin[name].norm()) for name in twin}
+    return relative_rms_errors(ours, twin)
 
 
 def compare_channel_scores(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, dtype: torch.dtype,
@@ -395,6 +404,6 @@ def compare_channel_scores(programs, bounds: tuple[int, ...], H_qk: int, HV: int
     for backend in (torch_programs, programs):
         out = torch.full((T, HV, CHUNK_SIZE), float("nan"), dtype=dtype, device=device)
         backend.scores(q, k, g, index, gate_params=params, q_rstd=rstd[0], k_rstd=rstd[1], scores_out=out)
-        outs.append(out.double())
+        outs.append(out)
     twin, ours = outs
-    return float((ours - twin).norm() / twin.norm())
+    return relative_rms_errors({"scores": ours}, {"scores": twin})["scores"]
