@@ -36,11 +36,12 @@ def flash_qla_entry():
 def programs(results, s: Setup):
     """Every Triton program against its torch twin on the device (the forward
     and backward programs, then the segment phases at P = 2), relative max
-    error of every tensor each writes; KDA's scores, prep and forward walks
-    (a gate per key channel, the gate in kernel) by relative RMS."""
+    error of every tensor each writes; KDA's scores, prep, forward walks and
+    backward programs so far (a gate per key channel, the gate in kernel) by
+    relative RMS."""
     from gdn_kcp.kernels import triton as triton_programs
-    from gdn_kcp.kernels.twin_check import (compare_channel_prep, compare_channel_scores, compare_channel_walks,
-                                             compare_segments_with_torch, compare_with_torch)
+    from gdn_kcp.kernels.twin_check import (compare_channel_backward, compare_channel_prep, compare_channel_scores,
+                                             compare_channel_walks, compare_segments_with_torch, compare_with_torch)
 
     H_qk, HV, K, V = s.dims
     case = dict(bounds=s.truncated(PROGRAMS_T), H_qk=H_qk, HV=HV, K=K, V=V, dtype=s.dtype, seed=1, l2=True,
@@ -56,7 +57,8 @@ def programs(results, s: Setup):
                device=str(s.device))
     kda_errors = {"scores": compare_channel_scores(triton_programs, **kda),
                   **compare_channel_prep(triton_programs, **kda, V=V),
-                  **compare_channel_walks(triton_programs, **kda, V=V)}
+                  **compare_channel_walks(triton_programs, **kda, V=V),
+                  **compare_channel_backward(triton_programs, **kda, V=V)}
     results["kda_relative_rms"] = kda_errors
     results["pass"] = all(err < limit for err in [*errors.values(), *segments.values(), *kda_errors.values()])
 

@@ -5,6 +5,8 @@ a GPU, where the package is all it may import."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from gdn_kcp.dtypes import buffer_dtype
@@ -341,6 +343,45 @@ def compare_channel_prep(programs, bounds: tuple[int, ...], H_qk: int, HV: int, 
     return relative_rms_errors(ours, twin)
 
 
+class _ChannelForward(NamedTuple):
+    T: int
+    cdt: torch.dtype
+    gen: torch.Generator
+    q: torch.Tensor
+    k: torch.Tensor
+    g: torch.Tensor
+    params: torch.Tensor | None
+    norms: list
+    index: ChunkIndex
+    N: int
+    v: torch.Tensor
+    beta: torch.Tensor
+    tapes: list  # A, w, u, scores of the torch programs
+    state0: torch.Tensor
+    s_in: torch.Tensor
+
+
+def _channel_forward(bounds, H_qk: int, HV: int, K: int, V: int, dtype: torch.dtype, seed: int, gate: bool,
+                     l2: bool, hard: bool, device: str) -> _ChannelForward:
+    """The inputs of :func:`compare_channel_walks` and
+    :func:`compare_channel_backward` (those of :func:`compare_channel_prep`,
+    an index whose first fragment crosses in and whose last crosses out,
+    initial states and ``s_in``) and the torch programs' prep and scores."""
+    T, cdt = bounds[-1], accumulator_dtype(dtype)
+    gen, q, k, g, params, _, _ = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device,
+                                                 unit_k=True)
+    index, N = build_index(bounds, crossing=True, capped=False, device=device)
+    v, beta = _channel_values(gen, T, HV, V, dtype, gate, device)
+    state0, s_in = (torch.randn(n, HV, K, V, generator=gen).to(device, cdt) for n in (N, 1))
+    norms = [torch.empty(T, H_qk, device=device, dtype=cdt) for _ in range(2)] if l2 else [None, None]
+    tapes = [torch.empty(T, HV, n, dtype=buffer_dtype(pool, dtype), device=device)
+             for pool, n in (("A", CHUNK_SIZE), ("w", K), ("v_new", V), ("scores", CHUNK_SIZE))]
+    torch_programs.prep(q, k, v, g, beta, index, gate_params=params, beta_sigmoid=gate, A_out=tapes[0],
+                        w_out=tapes[1], u_out=tapes[2], q_rstd_out=norms[0], k_rstd_out=norms[1])
+    torch_programs.scores(q, k, g, index, gate_params=params, q_rstd=norms[0], k_rstd=norms[1], scores_out=tapes[3])
+    return _ChannelForward(T, cdt, gen, q, k, g, params, norms, index, N, v, beta, tapes, state0, s_in)
+
+
 def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int,
                           dtype: torch.dtype, seed: int, gate: bool, l2: bool, hard: bool = False,
                           device: str = "cpu") -> dict[str, float]:
@@ -354,20 +395,11 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     (``o_tapes``), and of the summary walk's ``S_loc`` and ``M`` (on one
     fragment over the whole range crossing in and out: a middle rank's). ``h``, ``v_new``, ``o``
     and the summary start as NaN, so an entry not written fails."""
-    T, cdt = bounds[-1], accumulator_dtype(dtype)
-    gen, q, k, g, params, _, _ = _channel_inputs(bounds, H_qk, HV, K, dtype, seed, gate, l2, hard, device,
-                                                 unit_k=True)
-    index, N = build_index(bounds, crossing=True, capped=False, device=device)
-    v, beta = _channel_values(gen, T, HV, V, dtype, gate, device)
-    state0, s_in = (torch.randn(n, HV, K, V, generator=gen).to(device, cdt) for n in (N, 1))
+    f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
+    T, q, k, g, params, norms, index, N, v, tapes = f.T, f.q, f.k, f.g, f.params, f.norms, f.index, f.N, f.v, f.tapes
+    cdt, state0, s_in = f.cdt, f.state0, f.s_in
     # the summary walk's: one fragment over the whole range, crossing in and out (a middle rank)
     middle = ChunkIndex.from_fragments((0, T), frag_flags=[CROSSING_IN | CROSSING_OUT], device=device)
-    norms = [torch.empty(T, H_qk, device=device, dtype=cdt) for _ in range(2)] if l2 else [None, None]
-    tapes = [torch.empty(T, HV, n, dtype=buffer_dtype(pool, dtype), device=device)
-             for pool, n in (("A", CHUNK_SIZE), ("w", K), ("v_new", V), ("scores", CHUNK_SIZE))]
-    torch_programs.prep(q, k, v, g, beta, index, gate_params=params, beta_sigmoid=gate, A_out=tapes[0],
-                        w_out=tapes[1], u_out=tapes[2], q_rstd_out=norms[0], k_rstd_out=norms[1])
-    torch_programs.scores(q, k, g, index, gate_params=params, q_rstd=norms[0], k_rstd=norms[1], scores_out=tapes[3])
     outs = []
     for backend in (torch_programs, programs):
         h = torch.full((index.n_chunks, HV, K, V), float("nan"), dtype=buffer_dtype("h", dtype), device=device)
@@ -386,6 +418,70 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
                              initial_state=None, summary_out=summary)
         outs.append({"h": h, "v_new": v_new, "final": final, "o": o, "final_walk": final_walk,
                      "S_loc": summary[..., :V], "M": summary[..., V:], "o_tapes": o_tapes})
+    twin, ours = outs
+    return relative_rms_errors(ours, twin)
+
+
+def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int,
+                             dtype: torch.dtype, seed: int, gate: bool, l2: bool, hard: bool = False,
+                             device: str = "cpu") -> dict[str, float]:
+    """KDA's backward programs (a gate per key channel) of ``programs`` against
+    the torch programs, each on the torch programs' tapes (inputs as
+    :func:`compare_channel_walks`): the relative RMS error of the local dv
+    (``dv_local``), of the adjoint summary's ``nu`` (fragment 0 crossing in)
+    and of the adjoint walk's ``dh``, ``dv_new`` and initial-state adjoints
+    (``d_initial``), with final-state adjoints and ``lambda_end`` into the last
+    fragment, of ``bwd_dqkwg``'s dq, dk, dw and per-channel dg (on the
+    twin's dh and dv_new) and of ``bwd_wy``'s dk and dg (``dk_wy``, ``dg_wy``,
+    added to zero accumulators), dv and dbeta (on the twin's dw). The walks
+    start from the twin's ``dv_local``; every tensor but ``d_initial`` (whose
+    crossing-in row no walk writes) and bwd_wy's accumulators starts as NaN,
+    so an entry not written fails."""
+    f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
+    q, k, g, params, index, N, tapes = f.q, f.k, f.g, f.params, f.index, f.N, f.tapes
+    norms = dict(q_rstd=f.norms[0], k_rstd=f.norms[1])
+    h = torch.empty((index.n_chunks, HV, K, V), dtype=buffer_dtype("h", dtype), device=device)
+    v_new = torch.empty_like(tapes[2])
+    torch_programs.tape_walk(k, tapes[1], tapes[2], g, index, gate_params=params, k_rstd=norms["k_rstd"],
+                             initial_state=f.state0, s_in=f.s_in, h_out=h, v_new_out=v_new,
+                             final_state_out=torch.empty_like(f.state0))
+    do = torch.randn(f.T, HV, V, generator=f.gen).to(device, dtype)
+    d_final, lam = (torch.randn(n, HV, K, V, generator=f.gen).to(device, f.cdt) for n in (N, 1))
+    scale = K ** -0.5
+    dv_local = torch.empty(f.T, HV, V, dtype=buffer_dtype("dv_new", dtype), device=device)
+    torch_programs.bwd_local_dv(q, k, g, do, index, gate_params=params, scale=scale, dv_out=dv_local, **norms)
+    dh, dv_new = torch.empty_like(h, dtype=buffer_dtype("dh", dtype)), torch.empty_like(dv_local)
+    torch_programs.adjoint_walk(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
+                                d_final_state=d_final, lam_end=lam, dh_out=dh, dv_out=dv_new,
+                                d_initial_state_out=torch.empty_like(f.state0), **norms)
+    dw = torch.empty(f.T, HV, K, dtype=buffer_dtype("dw", dtype), device=device)  # bwd_wy's, from the twin
+    torch_programs.bwd_dqkwg(q, k, g, h, v_new, do, dh, dv_new, index, gate_params=params, scale=scale,
+                             dq_out=torch.empty_like(dw), dk_out=torch.empty_like(dw), dw_out=dw,
+                             dg_out=torch.empty(f.T, HV, K, dtype=f.cdt, device=device), **norms)
+    outs = []
+    for backend in (torch_programs, programs):
+        out = {"dv_local": torch.full_like(dv_local, float("nan")), "dv_new": torch.full_like(dv_local, float("nan")),
+               "nu": torch.full((1, HV, K, V), float("nan"), dtype=f.cdt, device=device),
+               "dh": torch.full_like(h, float("nan"), dtype=buffer_dtype("dh", dtype)),
+               "d_initial": torch.zeros_like(f.state0)}
+        backend.bwd_local_dv(q, k, g, do, index, gate_params=params, scale=scale, dv_out=out["dv_local"], **norms)
+        backend.adjoint_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
+                                d_final_state=d_final, nu_out=out["nu"], **norms)
+        backend.adjoint_walk(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
+                             d_final_state=d_final, lam_end=lam, dh_out=out["dh"], dv_out=out["dv_new"],
+                             d_initial_state_out=out["d_initial"], **norms)
+        for name, pool in (("dq", "dq_heads"), ("dk", "dk_heads"), ("dw", "dw"), ("dg", "")):
+            out[name] = torch.full((f.T, HV, K), float("nan"), dtype=buffer_dtype(pool, dtype) if pool else f.cdt,
+                                   device=device)
+        backend.bwd_dqkwg(q, k, g, h, v_new, do, dh, dv_new, index, gate_params=params, scale=scale,
+                          dq_out=out["dq"], dk_out=out["dk"], dw_out=out["dw"], dg_out=out["dg"], **norms)
+        # bwd_wy adds its dk and dg into accumulators: from zero, its own terms alone
+        out.update(dk_wy=torch.zeros_like(out["dk"]), dg_wy=torch.zeros_like(out["dg"]),
+                   dv=torch.full_like(f.v, float("nan")), dbeta=torch.full_like(f.beta, float("nan")))
+        backend.bwd_wy(k, f.v, f.beta, g, tapes[0], dw, dv_new, index, gate_params=params, beta_sigmoid=gate,
+                       k_rstd=norms["k_rstd"], dk_acc=out["dk_wy"], dv_out=out["dv"], dbeta_out=out["dbeta"],
+                       dg_acc=out["dg_wy"])
+        outs.append(out)
     twin, ours = outs
     return relative_rms_errors(ours, twin)
 

@@ -32,10 +32,12 @@ WITH_PRODUCTS = {"wy_inverse_kernel", "prep_kernel", "tape_walk_kernel", "summar
                  "prep_kernel[channel]", "tape_walk_kernel[channel]", "walk_output_kernel",
                  "walk_output_kernel[channel]", "summary_walk_kernel[channel]", "summary_walk_kernel[M channel]",
                  "output_kernel[channel]", "bwd_local_dv_kernel",
-                 "bwd_local_dv_kernel[one head]", "adjoint_walk_kernel",
-                 "adjoint_summary_kernel", "bwd_dqkwg_kernel", "bwd_wy_kernel", "segment_summary_kernel",
+                 "bwd_local_dv_kernel[one head]", "bwd_local_dv_kernel[channel]", "adjoint_walk_kernel",
+                 "adjoint_walk_kernel[channel]", "adjoint_summary_kernel", "adjoint_summary_kernel[channel]",
+                 "bwd_dqkwg_kernel", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel", "bwd_wy_kernel[channel]",
+                 "segment_summary_kernel",
                  "adjoint_segment_summary_kernel"} | EXACT_PRODUCTS
-N_KERNELS = 37
+N_KERNELS = 42
 DECODE_KERNELS = "recurrent_kernel,recurrent_kernel[conv],conv_step_kernel"
 
 

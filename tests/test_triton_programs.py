@@ -275,6 +275,28 @@ def test_channel_walks_match_the_torch_twins(name):
     assert max(errors.values()) < tolerance, errors
 
 
+@pytest.mark.parametrize("name", sorted(CHANNEL_CASES))
+def test_channel_backward_matches_the_torch_twins(name):
+    """KDA's backward programs in Triton so far (``bwd_local_dv_kernel``,
+    ``adjoint_summary_kernel``, ``adjoint_walk_kernel``, ``bwd_dqkwg_kernel``
+    and ``bwd_wy_kernel`` with ``CHANNEL``: the output's channel scores
+    transposed, each row of the state adjoint decaying by its own channel,
+    and the gradients of the scores and of L pulled through the anchored
+    sub-chunks) against the torch programs
+    (``twin_check.compare_channel_backward``, also run by the GPU check), on
+    the torch programs' tapes: the local dv, nu, dh, dv_new, the
+    initial-state adjoints (with final-state adjoints and lambda_end), dq,
+    dk, dw and the per-channel dg, and the WY backward's dk, dg, dv and
+    dbeta; every entry written."""
+    from gdn_kcp.kernels import triton as triton_programs
+    from gdn_kcp.kernels.twin_check import compare_channel_backward
+
+    case = CHANNEL_CASES[name]
+    errors = compare_channel_backward(triton_programs, **case, V=CHANNEL_V[name], seed=case["K"] + case["HV"])
+    tolerance = 1e-14 if case["dtype"] == torch.float64 else TOLERANCE[case["dtype"]]
+    assert max(errors.values()) < tolerance, errors
+
+
 @pytest.mark.parametrize("dtype,K", [(torch.float64, 40), (torch.float32, 100)])
 def test_channel_gate_cumsum_matches_the_torch_twin(dtype, K):
     """KDA's backward of the in-chunk gate cumsum (``[T, HV, K]``; K = 100:

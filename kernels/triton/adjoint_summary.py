@@ -10,12 +10,23 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, launch, load_state_halves, mm_mode, pointer,
-                      store_state_halves, value_block, walk_operands)
-from .adjoint_walk import adjoint_chunk
+                      store_state_halves, value_block)
+from .adjoint_walk import gated_adjoint_chunk
 
 
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
+NUM_STAGES = 3
+"""Pipeline stages (Triton's default)."""
+
+
+def stages(constexprs) -> int:
+    """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
+    one for a gate per key channel at key tiles past 128 (as
+    ``adjoint_walk.stages``): at K = V = 256 three stages want 254,484 B of
+    shared memory (sm_90's limit: 232,448), one 57,344 B, and spills 340 B
+    per thread, GDN's adjoint summary 368 at three (bf16, triton 3.9)."""
+    return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
 
 
 @triton.jit
@@ -23,8 +34,10 @@ def adjoint_summary_kernel(
     q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, nu, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_FINAL: tl.constexpr,
-    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    GATE: tl.constexpr, CHANNEL: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
+    """One value head and value tile; grid (HV, V / BV). With ``CHANNEL``
+    (KDA) g holds a gate per key channel ``[T, HV, K]``."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -41,9 +54,9 @@ def adjoint_summary_kernel(
         c = first + count - 1 - jj
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
-        _, dS1, dS2 = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale,
-                                    gamma_last, scale, H_qk, i_hk, HV, i_h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
+        _, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t,
+                                          length, scale, H_qk, i_hk, HV, i_h, K, V, col, BT, BH, BV, HAS_NORM, GATE,
+                                          CHANNEL, ACC, MM)
     store_state_halves(nu, dS1, dS2, 0, HV, i_h, K, V, col, BH, BV)
 
 
@@ -68,10 +81,12 @@ def adjoint_summary(
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
     BV = value_block(V)
+    channel = g.dim() == 3
     launch(adjoint_summary_kernel)[(HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, scale, index.n_chunks,
         index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=has_final,
-        GATE=gate_params is not None, ACC=acc_dtype(nu_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+        GATE=gate_params is not None, CHANNEL=channel, ACC=acc_dtype(nu_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K))),
     )

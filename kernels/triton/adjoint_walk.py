@@ -16,12 +16,23 @@ from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens,
                       load_operand_cols, load_qk_cols, load_rows_cols, load_scalars, load_tile, mm_mode, operand, pointer,
                       pull_dot, pull_operand,
                       store_rows_cols, store_state_halves, walk_block, walk_operands)
+from .channel import channel_decayed_rows, channel_key_half
 
 
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report
 and ``_common.walk_block``)."""
 NUM_STAGES = WALK_STAGES
+
+
+def stages(constexprs) -> int:
+    """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
+    one for a gate per key channel at key tiles past 128, whose fp32 gate
+    tiles (read for K's and for Q's decays) fill shared memory: at K = V =
+    256 two stages want 244,224 B (sm_90's limit: 232,448), one 45,056 B,
+    and spills 116 B per thread, as GDN's adjoint walk does at two (bf16,
+    triton 3.9)."""
+    return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
 
 
 @triton.jit
@@ -59,14 +70,73 @@ def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, 
 
 
 @triton.jit
+def channel_adjoint_half(q, q_rstd, w, g, gate_params, dos_hi, dos_lo, b_dvo, tok, m_t, H_qk, hk, HV, h, K,
+                         col0, BH: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """Key rows ``[col0, col0 + BH)`` of the start adjoint with a gate per key
+    channel: ``exp(G_C) dS + (Q exp(G))^T (c dO) - W^T dVn`` (``gamma`` per
+    row). Q decays per channel, so the decay goes on Q's side, read as the
+    products read an operand (``kernels.torch._walk.q_decayed_do``); the
+    scale and q's norm stay on dO's side (``dos_hi``, ``dos_lo``)."""
+    b_qd = channel_decayed_rows(q, q_rstd, g, gate_params, tok, m_t, H_qk, hk, HV, h, K, col0, BH, False, GATE, MM,
+                                ACC)
+    b_w = load_operand_cols(w, tok, m_t, HV, h, K, col0, BH, MM, ACC)
+    return pull_dot(tl.trans(b_qd), dos_hi, dos_lo, MM) - dot(tl.trans(b_w), b_dvo, MM)
+
+
+@triton.jit
+def channel_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, length, scale,
+                          H_qk, hk, HV, h, K, V, col, BH: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
+                          GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr):
+    """:func:`adjoint_chunk` with a gate per key channel (KDA): ``dVn =
+    dVn_local + (K exp(G_C - G)) dS`` and each row of dS decaying by its own
+    channel, the mirror of ``channel.channel_advance_state``. Returns
+    ``(dVn, dS1_prev, dS2_prev)``."""
+    b_k1, gamma1 = channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, 0, BH,
+                                    HAS_NORM, GATE, MM, ACC)
+    b_k2, gamma2 = channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, BH, BH,
+                                    HAS_NORM, GATE, MM, ACC)
+    b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + dot(b_k1, dS1, MM) + dot(b_k2, dS2, MM)
+    b_c = tl.full([tok.shape[0]], scale, ACC)
+    if HAS_NORM:
+        b_c = b_c * load_scalars(q_rstd, tok, m_t, H_qk, hk, ACC)
+    dos_hi, dos_lo = pull_operand(b_c[:, None] * load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC), MM)
+    b_dvo = operand(b_dvn, MM)
+    dS1 = gamma1[:, None] * dS1 + channel_adjoint_half(q, q_rstd, w, g, gate_params, dos_hi, dos_lo, b_dvo, tok,
+                                                       m_t, H_qk, hk, HV, h, K, 0, BH, GATE, MM, ACC)
+    dS2 = gamma2[:, None] * dS2 + channel_adjoint_half(q, q_rstd, w, g, gate_params, dos_hi, dos_lo, b_dvo, tok,
+                                                       m_t, H_qk, hk, HV, h, K, BH, BH, GATE, MM, ACC)
+    return b_dvn, dS1, dS2
+
+
+@triton.jit
+def gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, length, scale,
+                        H_qk, hk, HV, h, K, V, col, BT: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
+                        HAS_NORM: tl.constexpr, GATE: tl.constexpr, CHANNEL: tl.constexpr, ACC: tl.constexpr,
+                        MM: tl.constexpr):
+    """One chunk of an adjoint walk for either gate: a scalar per row
+    (:func:`adjoint_chunk` on ``walk_operands``' decays) or, with
+    ``CHANNEL``, a gate per key channel (:func:`channel_adjoint_chunk`).
+    Returns ``(dVn, dS1_prev, dS2_prev)``."""
+    if CHANNEL:
+        return channel_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t,
+                                     length, scale, H_qk, hk, HV, h, K, V, col, BH, BV, HAS_NORM, GATE, ACC, MM)
+    else:
+        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, h, BT, GATE, ACC)
+        return adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale, gamma_last, scale,
+                             H_qk, hk, HV, h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
+
+
+@triton.jit
 def adjoint_walk_kernel(
     q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, carry_in, dh, dv,
     d_initial, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_CARRY: tl.constexpr,
-    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    GATE: tl.constexpr, CHANNEL: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
+    """One fragment, value head and value tile; grid (F, HV, V / BV). With
+    ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]``."""
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -84,9 +154,9 @@ def adjoint_walk_kernel(
         store_state_halves(dh, dS1, dS2, c, HV, i_h, K, V, col, BH, BV)
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
-        b_dvn, dS1, dS2 = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale,
-                                        gamma_last, scale, H_qk, i_hk, HV, i_h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
+        b_dvn, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok,
+                                              m_t, length, scale, H_qk, i_hk, HV, i_h, K, V, col, BT, BH, BV, HAS_NORM,
+                                              GATE, CHANNEL, ACC, MM)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
     if HAS_INITIAL:
         if (flags & 1) == 0:
@@ -122,6 +192,7 @@ def adjoint_walk(
         return
     BV = walk_block(V)
     spare = dh_out
+    channel = g.dim() == 3
     launch(adjoint_walk_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table,
@@ -130,6 +201,7 @@ def adjoint_walk(
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
         HAS_LAM=lam_end is not None, HAS_INITIAL=d_initial_state_out is not None, HAS_CARRY=has_carry,
-        GATE=gate_params is not None,
-        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        GATE=gate_params is not None, CHANNEL=channel,
+        ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
+        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K))),
     )

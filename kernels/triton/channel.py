@@ -98,15 +98,15 @@ def diagonal_block_pointers(ptr, start, length, H, h, BT: tl.constexpr, SUB: tl.
 
 
 @triton.jit
-def channel_state_half(k, k_rstd, g, gate_params, X, b_vs, tok, m_t, length, H_qk, hk, HV, h, K, col0,
-                       BH: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr,
-                       ACC: tl.constexpr):
-    """Key rows ``[col0, col0 + BH)`` of a walk's state update with a gate per
-    key channel: ``exp(G_C) X + (K exp(G_C - G))^T V_new`` (``b_vs``: V_new as
-    the products read it). The decay of row i, ``exp(sum_{l > i} g_l)``, is a
-    reverse cumsum of the gates one row on (each exponent a sum of exactly the
-    gates it spans, at most 0), on K's side: it differs per channel, so it
-    cannot go on V_new's side as the scalar gate's ``k_scale`` does."""
+def channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, col0, BH: tl.constexpr,
+                     HAS_NORM: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+    """Key columns ``[col0, col0 + BH)`` of a walk's chunk with a gate per key
+    channel: ``K exp(G_C - G)`` as the products read it, and the chunk's decay
+    ``gamma_C = exp(G_C)`` ``[BH]``. The decay of row i, ``exp(sum_{l > i}
+    g_l)``, is a reverse cumsum of the gates one row on (each exponent a sum of
+    exactly the gates it spans, at most 0), on K's side: it differs per
+    channel, so it cannot go on the values' side as the scalar gate's
+    ``k_scale`` does."""
     o_t = tl.arange(0, tok.shape[0])
     b_after = channel_gates(g, gate_params, tok + 1, o_t + 1 < length, HV, h, K, col0, BH, GATE, ACC)
     b_tail = tl.cumsum(b_after, 0, reverse=True)
@@ -114,7 +114,18 @@ def channel_state_half(k, k_rstd, g, gate_params, X, b_vs, tok, m_t, length, H_q
     b_first = tl.sum(channel_gates(g, gate_params, tok, o_t == 0, HV, h, K, col0, BH, GATE, ACC), 0)
     gamma = tl.exp(b_first + tl.sum(tl.where(o_t[:, None] == 0, b_tail, 0.0), 0))
     b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, hk, K, col0, BH, HAS_NORM, ACC)
-    b_k = operand(b_k * tl.exp(b_tail), MM)
+    return operand(b_k * tl.exp(b_tail), MM), gamma
+
+
+@triton.jit
+def channel_state_half(k, k_rstd, g, gate_params, X, b_vs, tok, m_t, length, H_qk, hk, HV, h, K, col0,
+                       BH: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr,
+                       ACC: tl.constexpr):
+    """Key rows ``[col0, col0 + BH)`` of a walk's state update with a gate per
+    key channel: ``exp(G_C) X + (K exp(G_C - G))^T V_new`` (``b_vs``: V_new as
+    the products read it; the operands from :func:`channel_key_half`)."""
+    b_k, gamma = channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, col0, BH,
+                                  HAS_NORM, GATE, MM, ACC)
     return gamma[:, None] * X + dot(tl.trans(b_k), b_vs, MM)
 
 
@@ -174,3 +185,67 @@ def with_diagonal_blocks(b_s, b_D):
     same = o_b[:, None, None, None] == o_b[None, None, :, None]  # [block, row, block, column]
     full = tl.where(same, tl.reshape(b_D, [NB, SUB, 1, SUB]), tl.reshape(b_s, [NB, SUB, NB, SUB]))
     return tl.reshape(full, [b_s.shape[0], b_s.shape[1]])
+
+
+@triton.jit
+def diagonal_blocks(x, SUB: tl.constexpr):
+    """The ``[BT / SUB, SUB, SUB]`` diagonal blocks of a ``[BT, BT]`` tile (a
+    select, so a non-finite entry off them reaches none)."""
+    NB: tl.constexpr = x.shape[0] // SUB
+    o_b = tl.arange(0, NB)
+    same = o_b[:, None, None, None] == o_b[None, None, :, None]  # [block, row, block, column]
+    return tl.sum(tl.where(same, tl.reshape(x, [NB, SUB, NB, SUB]), 0.0), 2)
+
+
+@triton.jit
+def channel_pulls(dS, dS_D, dSs_D, a, b, a_rstd, b_rstd, g, gate_params, a_scale, start, length, H_qk, i_hk, HV, i_h,
+                  K, col0, BT: tl.constexpr, SUB: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr,
+                  GATE: tl.constexpr, ACC: tl.constexpr, CMM: tl.constexpr):
+    """The two gradients of :func:`channel_products` for the gradient ``dS``
+    ``[BT, BT]`` (zero above the diagonal) of its pairs, at key columns
+    ``[col0, col0 + BKS)``: ``sum_j dS_ij b_j exp(G_i - G_j)`` (a's side) and
+    ``sum_i dS_ij s_i a_i exp(G_i - G_j)`` (b's side; ``a_scale`` ``[BT]``:
+    s), each ``[BT, BKS]`` (``kernels.torch._channel.channel_pulls``).
+    ``dS_D`` and ``dSs_D`` are the ``[BT / SUB, SUB, SUB]`` diagonal blocks
+    (:func:`diagonal_blocks`) of dS and of ``diag(s) dS``, which a caller
+    walking key slices forms once. The
+    pairs across sub-chunks go through the anchors as the products do, one
+    ``[BT, BT] x [BT, BKS]`` product under ``CMM`` per anchor and side; the
+    pairs inside a sub-chunk are taken elementwise."""
+    NB: tl.constexpr = BT // SUB
+    tok, o_t, m_t = chunk_tokens(start, length, BT)
+    tok_n, _, m_n = chunk_tokens(start + 1, length - 1, BT)  # each row's next row
+    m_n = m_n & ((o_t + 1) % SUB != 0)  # ... inside its sub-chunk
+    block = o_t // SUB
+    b_g = channel_gates(g, gate_params, tok, m_t, HV, i_h, K, col0, BKS, GATE, ACC)
+    b_gn = tl.reshape(channel_gates(g, gate_params, tok_n, m_n, HV, i_h, K, col0, BKS, GATE, ACC), [NB, SUB, BKS])
+    e_behind = tl.exp(tl.reshape(tl.cumsum(b_gn, 1, reverse=True), [BT, BKS]))  # row j to its anchor
+    b_a = load_qk_cols(a, a_rstd, tok, m_t, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC) * a_scale[:, None]
+    b_b = load_qk_cols(b, b_rstd, tok, m_t, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC)
+    d_a = tl.zeros([BT, BKS], dtype=ACC)
+    d_b = tl.zeros([BT, BKS], dtype=ACC)
+    for J in tl.static_range(NB - 1):
+        in_J, after_J = (block == J)[:, None], (block > J)[:, None]
+        e_ahead = tl.exp(tl.cumsum(tl.where(o_t[:, None] > J * SUB + SUB - 1, b_g, 0.0), 0))  # anchor to row i
+        dS_J = tl.where((block[None, :] == J) & after_J, dS, 0.0)
+        d_a += tl.where(after_J, e_ahead * dot(dS_J, tl.where(in_J, b_b * e_behind, 0.0), CMM), 0.0)
+        d_b += tl.where(in_J, dot(tl.trans(dS_J), tl.where(after_J, b_a * e_ahead, 0.0), CMM), 0.0)
+    d_b = d_b * e_behind
+    o_s, o_b = tl.arange(0, SUB), tl.arange(0, NB)
+    below = o_s[:, None] > o_s[None, :]
+    D_a = tl.zeros([NB, SUB, BKS], dtype=ACC)
+    D_b = tl.zeros([NB, SUB, BKS], dtype=ACC)
+    for I in range(NB):
+        tok_i, o_i, m_i = chunk_tokens(start + I * SUB, length - I * SUB, SUB)
+        b_gi = channel_gates(g, gate_params, tok_i, m_i, HV, i_h, K, col0, BKS, GATE, ACC)
+        # segment[x, y] = sum_{y < l <= x} g_l, as channel_products takes it
+        segment = tl.cumsum(tl.where(below[:, :, None], b_gi[:, None, :], 0.0), 0)
+        e = tl.where((o_s[:, None] >= o_s[None, :])[:, :, None], tl.exp(segment), 0.0)
+        at_I = (o_b == I)[:, None, None]
+        dS_I = tl.sum(tl.where(at_I, dS_D, 0.0), 0)
+        dSs_I = tl.sum(tl.where(at_I, dSs_D, 0.0), 0)
+        b_ai = load_qk_cols(a, a_rstd, tok_i, m_i, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC)
+        b_bi = load_qk_cols(b, b_rstd, tok_i, m_i, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC)
+        D_a = tl.where(at_I, tl.sum(dS_I[:, :, None] * e * b_bi[None, :, :], 1)[None, :, :], D_a)
+        D_b = tl.where(at_I, tl.sum(dSs_I[:, :, None] * e * b_ai[:, None, :], 0)[None, :, :], D_b)
+    return d_a + tl.reshape(D_a, [BT, BKS]), d_b + tl.reshape(D_b, [BT, BKS])

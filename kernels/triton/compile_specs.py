@@ -138,7 +138,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
     # segments, phase 2: fp32 summaries and states, exact products (no MM)
     compose = dict(BK=BK, BV=min(BV_COMPOSE, value_block(V)), BKB=min(BKB_COMPOSE, BK), ACC=tl.float32)
     local_dv = dict(BT=BT, BKS=min(BKS_LOCAL_DV, BK), BV=min(BV_LOCAL_DV, head_block(V)), HAS_NORM=True, GATE=True,
-                    ACC=tl.float32, MM="bf16")
+                    ACC=tl.float32, MM="bf16", CHANNEL=False, SUB=SUB_ROWS, CMM="tf32")
+    adjoint = dict(walk, BV=walk_block(V), HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)
     conv = dict(W=4, HAS_BIAS=True, HAS_HALO=True, BT=BT_CONV, BD=BD_CONV, ACC=tl.float32)
     recurrent = dict(BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=True, BETA_SIGMOID=True, BETA_SCALE=1.0,
                      QK_NORM=True, HAS_INITIAL=True, EPS=1e-6, ACC=tl.float32)
@@ -182,9 +183,13 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         # a pair of value heads of one key head (the roofline's shape), and one head (HV = H_qk)
         ("bwd_local_dv_kernel", bwd_local_dv_kernel, dict(local_dv, SHARE=2)),
         ("bwd_local_dv_kernel[one head]", bwd_local_dv_kernel, dict(local_dv, SHARE=1)),
-        ("adjoint_walk_kernel", adjoint_walk_kernel,
-         dict(walk, BV=walk_block(V), HAS_FINAL=True, HAS_LAM=True, HAS_INITIAL=True, HAS_CARRY=True)),
-        ("adjoint_summary_kernel", adjoint_summary_kernel, walk),
+        # KDA: one value head a program (its own gates), the scores as output_kernel[channel] forms them
+        ("bwd_local_dv_kernel[channel]", bwd_local_dv_kernel,
+         dict(local_dv, SHARE=1, BKS=min(BKS_CHANNEL, BK), CHANNEL=True)),
+        ("adjoint_walk_kernel", adjoint_walk_kernel, dict(adjoint, CHANNEL=False)),
+        ("adjoint_walk_kernel[channel]", adjoint_walk_kernel, dict(adjoint, CHANNEL=True)),
+        ("adjoint_summary_kernel", adjoint_summary_kernel, dict(walk, CHANNEL=False)),
+        ("adjoint_summary_kernel[channel]", adjoint_summary_kernel, dict(walk, CHANNEL=True)),
         ("segment_summary_kernel", segment_summary_kernel, dict(walk, BV=walk_block(V + K), HAS_U=True)),
         ("compose_segments_kernel", compose_segments_kernel, dict(compose, HAS_INITIAL=True, HAS_S_IN=True,
                                                                   HAS_START=True, HAS_FINAL=True, HAS_OUT=False,
@@ -195,8 +200,14 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("adjoint_segment_summary_kernel", adjoint_segment_summary_kernel, walk),
         ("compose_adjoints_kernel", compose_adjoints_kernel,
          dict(compose, HAS_FINAL=True, HAS_LAM=True, HAS_END=True, HAS_OUT=False, FIRST_ONLY=False)),
-        ("bwd_dqkwg_kernel", bwd_dqkwg_kernel, dict(walk, BKS=BKS_DQKWG, BV=BV_DQKWG)),
-        ("bwd_wy_kernel", bwd_wy_kernel, dict(walk, BKS=min(BKS_WY, BK), BV=min(BV_WY, BV), **beta)),
+        ("bwd_dqkwg_kernel", bwd_dqkwg_kernel,
+         dict(walk, BKS=BKS_DQKWG, BV=BV_DQKWG, CHANNEL=False, SUB=SUB_ROWS, CMM="tf32")),
+        ("bwd_dqkwg_kernel[channel]", bwd_dqkwg_kernel,
+         dict(walk, BKS=BKS_DQKWG, BV=BV_DQKWG, CHANNEL=True, SUB=SUB_ROWS, CMM="tf32")),
+        ("bwd_wy_kernel", bwd_wy_kernel,
+         dict(walk, BKS=min(BKS_WY, BK), BV=min(BV_WY, BV), CHANNEL=False, SUB=SUB_ROWS, CMM="tf32", **beta)),
+        ("bwd_wy_kernel[channel]", bwd_wy_kernel,
+         dict(walk, BKS=min(BKS_WY, BK), BV=min(BV_WY, BV), CHANNEL=True, SUB=SUB_ROWS, CMM="tf32", **beta)),
         ("bwd_gate_cumsum_kernel", bwd_gate_cumsum_kernel, dict(BT=BT, ACC=tl.float32)),
         ("bwd_gate_cumsum_channel_kernel", bwd_gate_cumsum_channel_kernel,
          dict(BT=BT, BK=min(BK_GATE_CHANNEL, BK), ACC=tl.float32)),
@@ -233,10 +244,16 @@ def num_stages(kernel) -> int:
 
 def launch_options(kernel, constexprs: dict) -> dict:
     """The compile options its launcher gives ``kernel`` at ``constexprs``:
-    warps, stages and, where its module caps them (``MAX_REGISTERS``, or a cap
-    per configuration, ``max_registers(constexprs)``), ptxas's registers per
-    thread."""
-    options = {"num_warps": num_warps(kernel), "num_stages": num_stages(kernel)}
+    warps and stages (``NUM_WARPS`` and ``NUM_STAGES``, or per configuration
+    ``warps(constexprs)`` and ``stages(constexprs)``) and, where its module
+    caps them (``MAX_REGISTERS``, or a cap per configuration,
+    ``max_registers(constexprs)``), ptxas's registers per thread."""
+    per_configuration_warps = _launch_fact(kernel, "warps", None)
+    per_configuration_stages = _launch_fact(kernel, "stages", None)
+    options = {"num_warps": (per_configuration_warps(constexprs) if per_configuration_warps is not None
+                             else num_warps(kernel)),
+               "num_stages": (per_configuration_stages(constexprs) if per_configuration_stages is not None
+                              else num_stages(kernel))}
     per_configuration = _launch_fact(kernel, "max_registers", None)
     max_registers = (per_configuration(constexprs) if per_configuration is not None
                      else _launch_fact(kernel, "MAX_REGISTERS", None))
