@@ -24,8 +24,10 @@ outputs bitwise the same). The lower-bound form is that torch expression
 :func:`fused_recurrent_kda`. The beta keywords run in the programs as for GDN. The programs are
 exact at any gate (no exponent above 0), so ``safe_gate`` and ``lower_bound``
 buy no speed here: they are accepted and checked as FLA checks them. The torch
-programs run KDA (CPU and any device); the Triton programs do not yet, and a
-CUDA call is refused with a ValueError.
+programs run KDA on the CPU, the Triton programs on CUDA (a gate per key
+channel in every program; checked against the torch programs under Triton's
+interpreter, not yet run on a GPU). The decode step, :func:`fused_recurrent_kda`,
+runs on the CPU only: its Triton form has no gate per key channel yet.
 """
 
 from __future__ import annotations
@@ -110,10 +112,11 @@ def _gate_for_ops(g, A_log, dt_bias, lower_bound, use_gate_in_kernel: bool):
     return g, A_log, dt_bias, use_gate_in_kernel
 
 
-def _check_device(q: torch.Tensor) -> None:
+def _check_decode_device(q: torch.Tensor) -> None:
     if q.device.type == "cuda":
-        raise ValueError("KDA runs on the torch programs only so far: the Triton programs of a gate per key channel "
-                         "are not written yet, so a CUDA call is refused (move the inputs to the CPU, or use GDN)")
+        raise ValueError("fused_recurrent_kda runs on the CPU only so far: the Triton decode step has no gate per key "
+                         "channel yet, so a CUDA call is refused (decode on the CPU, or run chunk_kda, which runs "
+                         "on CUDA)")
 
 
 def chunk_kda(
@@ -199,7 +202,6 @@ def chunk_kda(
     dims, bounds = check_gdn_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                     cu_seqlens=cu_seqlens, cu_seqlens_host=host_bounds,
                                     state_v_first=state_v_first, gate="channel")
-    _check_device(q)
     if max_num_seqs is not None and (cu_seqlens is None or max_num_seqs != cu_seqlens.shape[0] - 1):
         raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be the document count of cu_seqlens "
                          f"({None if cu_seqlens is None else cu_seqlens.shape[0] - 1}): pad cu_seqlens to it")
@@ -265,8 +267,6 @@ def kda_kcp(
                    allow_neg_eigval=allow_neg_eigval)
     if options is not None and not isinstance(options, OptionsKcp):
         raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
-    if isinstance(q, torch.Tensor):
-        _check_device(q)
     if use_gate_in_kernel and lower_bound is not None:  # kda_gate reads g's last two dims
         check_tensor("g", g, 4, "[1, T_r, HV, K]")
     g, A_log, dt_bias, use_gate_in_kernel = _gate_for_ops(g, A_log, dt_bias, lower_bound, use_gate_in_kernel)
@@ -322,7 +322,7 @@ def fused_recurrent_kda(
     dims, _ = check_gdn_inputs(q, k, v, g, beta[..., 0] if per_value_beta else beta, scale=scale,
                                initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=state_v_first,
                                gate="channel")
-    _check_device(q)
+    _check_decode_device(q)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     if state_v_first:

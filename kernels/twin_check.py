@@ -393,8 +393,10 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     and final states, of the walk with the output's ``o`` and final states
     (``final_walk``), of the output from each backend's own tapes
     (``o_tapes``), and of the summary walk's ``S_loc`` and ``M`` (on one
-    fragment over the whole range crossing in and out: a middle rank's). ``h``, ``v_new``, ``o``
-    and the summary start as NaN, so an entry not written fails."""
+    fragment over the whole range crossing in and out: a middle rank's) and
+    of the segments' phase-1 summaries ``[S | M]`` (``segments``: a summary
+    row per fragment). ``h``, ``v_new``, ``o`` and the summaries start as
+    NaN, so an entry not written fails."""
     f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
     T, q, k, g, params, norms, index, N, v, tapes = f.T, f.q, f.k, f.g, f.params, f.norms, f.index, f.N, f.v, f.tapes
     cdt, state0, s_in = f.cdt, f.state0, f.s_in
@@ -416,8 +418,11 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
         summary = torch.full((1, HV, K, V + K), float("nan"), dtype=cdt, device=device)  # [S_loc | M]
         backend.summary_walk(k, tapes[1], tapes[2], g, middle, gate_params=params, k_rstd=norms[1],
                              initial_state=None, summary_out=summary)
+        segments = torch.full((N, HV, K, V + K), float("nan"), dtype=cdt, device=device)  # a row per fragment
+        backend.segment_summary(k, tapes[1], tapes[2], g, index, gate_params=params, k_rstd=norms[1],
+                                summary_out=segments)
         outs.append({"h": h, "v_new": v_new, "final": final, "o": o, "final_walk": final_walk,
-                     "S_loc": summary[..., :V], "M": summary[..., V:], "o_tapes": o_tapes})
+                     "S_loc": summary[..., :V], "M": summary[..., V:], "o_tapes": o_tapes, "segments": segments})
     twin, ours = outs
     return relative_rms_errors(ours, twin)
 
@@ -431,7 +436,8 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
     (``dv_local``), of the adjoint summary's ``nu`` (fragment 0 crossing in)
     and of the adjoint walk's ``dh``, ``dv_new`` and initial-state adjoints
     (``d_initial``), with final-state adjoints and ``lambda_end`` into the last
-    fragment, of ``bwd_dqkwg``'s dq, dk, dw and per-channel dg (on the
+    fragment, of the segments' phase-1 ``nu`` (``segment_nu``, a summary row
+    per fragment), of ``bwd_dqkwg``'s dq, dk, dw and per-channel dg (on the
     twin's dh and dv_new) and of ``bwd_wy``'s dk and dg (``dk_wy``, ``dg_wy``,
     added to zero accumulators), dv and dbeta (on the twin's dw). The walks
     start from the twin's ``dv_local``; every tensor but ``d_initial`` (whose
@@ -470,6 +476,9 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
         backend.adjoint_walk(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
                              d_final_state=d_final, lam_end=lam, dh_out=out["dh"], dv_out=out["dv_new"],
                              d_initial_state_out=out["d_initial"], **norms)
+        out["segment_nu"] = torch.full((N, HV, K, V), float("nan"), dtype=f.cdt, device=device)
+        backend.adjoint_segment_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
+                                        nu_out=out["segment_nu"], **norms)
         for name, pool in (("dq", "dq_heads"), ("dk", "dk_heads"), ("dw", "dw"), ("dg", "")):
             out[name] = torch.full((f.T, HV, K), float("nan"), dtype=buffer_dtype(pool, dtype) if pool else f.cdt,
                                    device=device)

@@ -35,9 +35,9 @@ WITH_PRODUCTS = {"wy_inverse_kernel", "prep_kernel", "tape_walk_kernel", "summar
                  "bwd_local_dv_kernel[one head]", "bwd_local_dv_kernel[channel]", "adjoint_walk_kernel",
                  "adjoint_walk_kernel[channel]", "adjoint_summary_kernel", "adjoint_summary_kernel[channel]",
                  "bwd_dqkwg_kernel", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel", "bwd_wy_kernel[channel]",
-                 "segment_summary_kernel",
-                 "adjoint_segment_summary_kernel"} | EXACT_PRODUCTS
-N_KERNELS = 42
+                 "segment_summary_kernel", "segment_summary_kernel[channel]", "adjoint_segment_summary_kernel",
+                 "adjoint_segment_summary_kernel[channel]"} | EXACT_PRODUCTS
+N_KERNELS = 44
 DECODE_KERNELS = "recurrent_kernel,recurrent_kernel[conv],conv_step_kernel"
 
 

@@ -10,12 +10,21 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, launch, mm_mode, pointer, store_state_halves,
-                      value_block, walk_operands)
-from .adjoint_walk import adjoint_chunk
+                      value_block)
+from .adjoint_walk import gated_adjoint_chunk
 
 
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
+NUM_STAGES = 3
+"""Pipeline stages (Triton's default)."""
+
+
+def stages(constexprs) -> int:
+    """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
+    one for a gate per key channel at key tiles past 128, as the adjoint
+    summary's (``adjoint_summary.stages``: its gate tiles fill shared memory)."""
+    return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
 
 
 @triton.jit
@@ -23,9 +32,10 @@ def adjoint_segment_summary_kernel(
     q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, nu, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
-    ACC: tl.constexpr, MM: tl.constexpr,
+    CHANNEL: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
-    """Grid (n_sum, HV, V / BV); an empty row (a sentinel) writes 0."""
+    """Grid (n_sum, HV, V / BV); an empty row (a sentinel) writes 0. With
+    ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]``."""
     i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -37,9 +47,9 @@ def adjoint_segment_summary_kernel(
         c = first + count - 1 - jj
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
-        _, dS1, dS2 = adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale,
-                                    gamma_last, scale, H_qk, i_hk, HV, i_h, K, V, col, BH, BV, HAS_NORM, ACC, MM)
+        _, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t,
+                                          length, scale, H_qk, i_hk, HV, i_h, K, V, col, BT, BH, BV, HAS_NORM, GATE,
+                                          CHANNEL, ACC, MM)
     store_state_halves(nu, dS1, dS2, i_r, HV, i_h, K, V, col, BH, BV)
 
 
@@ -64,9 +74,11 @@ def adjoint_segment_summary(
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
     BV = value_block(V)
+    channel = g.dim() == 3
     launch(adjoint_segment_summary_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
-        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, CHANNEL=channel,
         ACC=acc_dtype(nu_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K))),
     )

@@ -15,7 +15,8 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, launch, mm_mode, pointer,
-                      state_chunk, store_state_halves, walk_block, walk_operands)
+                      store_state_halves, walk_block)
+from .channel import gated_state_chunk
 
 
 NUM_WARPS = 8
@@ -30,11 +31,12 @@ def segment_summary_kernel(
     k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, summary,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_U: tl.constexpr,
-    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    GATE: tl.constexpr, CHANNEL: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """Grid (n_sum, HV, (V + K) / BV): columns ``[col, col + BV)`` of summary row
     i_r's ``[S | M]``. Without ``HAS_U`` (M alone) the S columns stay 0 and their
-    tiles skip the walk; an empty row (a sentinel) writes ``[0 | I]``."""
+    tiles skip the walk; an empty row (a sentinel) writes ``[0 | I]``. With
+    ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]``."""
     i_r, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -50,10 +52,9 @@ def segment_summary_kernel(
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, i_h, BT, GATE, ACC)
         # HAS_U: columns past V read nothing (u = [U | 0])
-        X1, X2 = state_chunk(k, k_rstd, w, u, u, X1, X2, tok, m_t, k_scale, gamma_last, H_qk, i_hk,
-                             HV, i_h, K, V, col, BH, BV, HAS_NORM, HAS_U, False, MM, ACC)
+        X1, X2 = gated_state_chunk(k, k_rstd, w, u, u, g, gate_params, X1, X2, tok, m_t, length, H_qk, i_hk, HV, i_h,
+                                   K, V, col, BT, BH, BV, HAS_NORM, HAS_U, False, GATE, CHANNEL, MM, ACC)
     store_state_halves(summary, X1, X2, i_r, HV, i_h, K, V + K, col, BH, BV)
 
 
@@ -79,6 +80,7 @@ def segment_summary(
         k, w, pointer(u, w), g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
         summary_out, index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, HAS_U=u is not None,
-        GATE=gate_params is not None, ACC=acc_dtype(summary_out), MM=mm_mode(k), num_warps=NUM_WARPS,
+        GATE=gate_params is not None, CHANNEL=g.dim() == 3, ACC=acc_dtype(summary_out), MM=mm_mode(k),
+        num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )

@@ -31,6 +31,15 @@ NUM_WARPS = 8
 NUM_STAGES = WALK_STAGES
 
 
+def stages(constexprs) -> int:
+    """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
+    one for a gate per key channel at key tiles past 128: at K = V = 256 two
+    stages want 262,656 B of shared memory (sm_90's limit: 232,448), one
+    49,152 B, and spill 628 B per thread (GDN's walk 212 at two; bf16,
+    triton 3.9)."""
+    return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
+
+
 @triton.jit
 def walk_output_kernel(
     q, k, w, u, g, gate_params, q_rstd, k_rstd, scores, chunk_table, frag_table, initial_state, s_in, carry_in,
@@ -117,5 +126,5 @@ def walk_output(
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_INITIAL=initial_state is not None,
         HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, HAS_CARRY=has_carry,
         GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), CHANNEL=g.dim() == 3, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        num_stages=stages(dict(CHANNEL=g.dim() == 3, BK=head_block(K))),
     )
