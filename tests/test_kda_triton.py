@@ -2,8 +2,8 @@
 run on the CPU under Triton's interpreter: chunk_kda against the fp64 naive
 KDA recurrence in each save mode, and kda_kcp on two gloo ranks (a2a with
 states, ring capped, intra-rank segments) against the single-rank run: what
-CUDA runs, short of the GPU. The cases marked ``extended`` run in make
-test-extended."""
+CUDA runs, short of the GPU. CI runs the gate-in-kernel case; the others
+(``extended``, about 3 minutes) run in make test-extended."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ TRITON_PROGRAMS = {"prep", "tape_walk", "bwd_local_dv", "adjoint_walk", "bwd_dqk
 output path: ``scores`` and ``walk_output``, or ``output``)."""
 
 
-@pytest.mark.parametrize("keywords", [{}, pytest.param(dict(save_mode="inverse"), marks=pytest.mark.extended),
-                                      pytest.param(dict(disable_recompute=True), marks=pytest.mark.extended)], ids=str)
+@pytest.mark.extended
+@pytest.mark.parametrize("keywords", [{}, dict(save_mode="inverse"), dict(disable_recompute=True)], ids=str)
 def test_chunk_kda_on_the_triton_programs_matches_the_oracle(keywords):
     """fp64, in-kernel q/k norm, initial states, a document of one token and
     the hard resets and -1000 gates of ``gdn_inputs.channel_gates``: o, the
@@ -36,8 +36,10 @@ def test_chunk_kda_on_the_triton_programs_matches_the_oracle(keywords):
 
 def test_gate_in_kernel_on_the_triton_programs():
     """FLA's softplus gate in kernel (``[2, HV, K]`` parameters read by every
-    program) and beta's sigmoid in kernel, fp64, against the oracle on the
-    gate and beta by hand, A_log's and dt_bias's gradients included."""
+    program) and beta's sigmoid in kernel, fp64, with the norm, initial
+    states and two documents, against the oracle on the gate and beta by
+    hand, A_log's and dt_bias's gradients included (CI's case of the host
+    path on the Triton programs)."""
     from gdn_kcp import kda_gate
 
     inputs = kda_inputs(40, 1, 2, 16, 16, seed=3)
@@ -45,7 +47,7 @@ def test_gate_in_kernel_on_the_triton_programs():
     extra = dict(A_log=torch.randn(2, generator=gen, dtype=torch.float64),
                  dt_bias=torch.randn(32, generator=gen, dtype=torch.float64))
     with use_programs("cpu", "triton"):
-        results = compare(inputs, [0, 40], l2=False, h0=False, extra=extra, gate=kda_gate,
+        results = compare(inputs, [0, 17, 40], l2=True, h0=True, extra=extra, gate=kda_gate,
                           beta_fn=torch.sigmoid, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
     assert_exact(results, "triton gate in kernel")
 
@@ -56,8 +58,9 @@ KCP_CASE = KcpCase("kda-triton", (0, 40, 41, 150), ((0, 70), (70, 150)), H_qk=1,
 
 KCP_RUNS = {"a2a-states": ("a2a", True, None, None), "ring-capped": ("ring", False, 5, None),
             "segments": ("a2a", False, None, 2)}
-"""``(exchange, states, max_docs, segments)`` per run: CI runs the first; the
-other two (about 25 s each under the interpreter) make test-extended."""
+"""``(exchange, states, max_docs, segments)`` per run, each 20 to 40 s under
+the interpreter: make test-extended (CI runs kda_kcp on the torch programs
+and every KDA Triton program against its twin)."""
 
 
 def _triton_kcp_on_rank(rank: int, R: int, run: str) -> None:
@@ -67,8 +70,8 @@ def _triton_kcp_on_rank(rank: int, R: int, run: str) -> None:
         check_case_on_rank(KCP_CASE, rank, exchange, inputs, given, expected, max_docs, segments=segments)
 
 
-@pytest.mark.parametrize("run", [pytest.param(name, marks=pytest.mark.extended) if name != "a2a-states" else name
-                                 for name in KCP_RUNS])
+@pytest.mark.extended
+@pytest.mark.parametrize("run", sorted(KCP_RUNS))
 def test_kda_kcp_on_the_triton_programs_equals_one_rank(run):
     """kda_kcp on two gloo ranks, each on the Triton programs (the KCP summary
     walk, the adjoint summary, the compositions and, with segments, the
