@@ -1,6 +1,7 @@
 """flash-linear-attention's GDN chunk kernels as fla-core 0.5.1 launches them
 on an H200, and their compile facts for sm_90 at every configuration of their
-autotune lists (no GPU: ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``).
+autotune lists (no GPU: ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``);
+:data:`FLA_KDA_KERNELS` holds the same for 0.5.1's ``chunk_kda`` (KDA).
 
 The calibration rows of ``benchmarks/roofline.py`` were measured with
 fla-core 0.5.1, so this table follows 0.5.1's ``chunk_gated_delta_rule``
@@ -127,6 +128,95 @@ sizes its host code picks on an H200 and its autotune lists there. ``NB``
 autotune key only (the kernel body does not read it), so one compile serves
 every shape. The gate cumsum's ``H`` is the value heads (its gate's heads)."""
 
+TOKEN_PARALLEL_CONFIGS = configs(BH=[1, 2, 4, 8], num_warps=[1, 2, 4, 8], num_stages=[3])
+VECTOR_CUMSUM_CONFIGS = configs(BS=[32, 64], num_warps=[2, 4, 8], num_stages=[3])  # BS_LIST: check_shared_mem()
+GLA_O_CONFIGS = configs(BK=[32, 64], BV=[64, 128], num_warps=[2, 4, 8], num_stages=[2, 3, 4])
+WY_DQKG_CONFIGS = [c for c in configs(BK=[32, 64], BV=[64, 128], num_warps=[2, 4], num_stages=[2, 3, 4])
+                   if not (c["BK"] == 32 and c["num_warps"] == 4)]  # Hopper drops BK = 32 at 4 warps
+INTRA_BWD_CONFIGS = configs(num_warps=[1, 2, 4, 8], num_stages=[2, 3, 4])
+KDA_VARLEN_WALK = {"H": 32, "BT": CHUNK, "USE_G": False, "USE_GK": True, "USE_INITIAL_STATE": False,
+                   "STATE_V_FIRST": False, **VARLEN}  # the walks get kg / qg: HV heads, so H = HV
+
+FLA_KDA_KERNELS = {
+    "l2norm_fwd_kernel": FLA_KERNELS["l2norm_fwd_kernel"],
+    "chunk_local_cumsum_vector_kernel": FlaKernel(
+        "fla.ops.utils.cumsum", "chunk_local_cumsum_vector_kernel", "s:bf16 o:fp32",
+        {"B": 1, "H": 32, "S": 128, "BT": CHUNK, "REVERSE": False, "HAS_SCALE": True, "HEAD_FIRST": False,
+         **VARLEN}, VECTOR_CUMSUM_CONFIGS),
+    "chunk_kda_fwd_kernel_intra_token_parallel": FlaKernel(
+        "fla.ops.kda.chunk_intra_token_parallel", "chunk_kda_fwd_kernel_intra_token_parallel",
+        "q:bf16 k:bf16 g:fp32 beta:bf16 Aqk:bf16 Akk:fp32", {"BT": CHUNK, "BC": 16, **VARLEN},
+        TOKEN_PARALLEL_CONFIGS),
+    "chunk_kda_fwd_kernel_inter_solve_fused": FlaKernel(
+        "fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused",
+        "q:bf16 k:bf16 g:fp32 beta:bf16 Aqk:bf16 Akkd:fp32 Akk:bf16",
+        {"BT": CHUNK, "BC": 16, "NC": 4, "USE_SAFE_GATE": False, **VARLEN}, KKT_CONFIGS),
+    "recompute_w_u_fwd_kda_kernel": FlaKernel(
+        "fla.ops.kda.wy_fast", "recompute_w_u_fwd_kda_kernel",
+        "q:- k:bf16 qg:- kg:bf16 v:bf16 beta:bf16 w:bf16 u:bf16 A:bf16 gk:fp32",
+        {"BT": CHUNK, "BK": 64, "BV": 64, "STORE_QG": False, "STORE_KG": True, **VARLEN}, WU_CONFIGS),
+    "chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]": FlaKernel(
+        "fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
+        "k:bf16 v:bf16 w:bf16 v_new:bf16 g:- gk:fp32 h:bf16 h0:- ht:-",
+        {**KDA_VARLEN_WALK, "STORE_FINAL_STATE": False, "SAVE_NEW_VALUE": True}, WALK_CONFIGS),
+    "chunk_gla_fwd_kernel_o": FlaKernel(
+        "fla.ops.gla.chunk", "chunk_gla_fwd_kernel_o", "q:bf16 v:bf16 g:fp32 h:bf16 o:bf16 A:bf16",
+        {"BT": CHUNK, "STATE_V_FIRST": False, **VARLEN}, GLA_O_CONFIGS),
+    "recompute_w_u_fwd_kda_kernel[qg]": FlaKernel(
+        "fla.ops.kda.wy_fast", "recompute_w_u_fwd_kda_kernel",
+        "q:bf16 k:bf16 qg:bf16 kg:bf16 v:bf16 beta:bf16 w:bf16 u:bf16 A:bf16 gk:fp32",
+        {"BT": CHUNK, "BK": 64, "BV": 64, "STORE_QG": True, "STORE_KG": True, **VARLEN}, WU_CONFIGS),
+    "chunk_kda_bwd_kernel_dAv": FlaKernel(
+        "fla.ops.kda.chunk_bwd", "chunk_kda_bwd_kernel_dAv", "q:bf16 k:bf16 v:bf16 A:bf16 do:bf16 dv:bf16 dA:fp32",
+        {"BT": CHUNK, "BK": 128, "BV": 128, **VARLEN}, BWD_CONFIGS),
+    "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64[gk]": FlaKernel(
+        "fla.ops.common.chunk_delta_h", "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64",
+        "q:bf16 k:bf16 w:bf16 g:- gk:fp32 dht:- dh0:- do:bf16 dh:bf16 dv:bf16 dv2:bf16",
+        {**KDA_VARLEN_WALK, "USE_FINAL_STATE_GRADIENT": False}, WALK_CONFIGS),
+    "chunk_kda_bwd_kernel_wy_dqkg_fused": FlaKernel(
+        "fla.ops.kda.chunk_bwd", "chunk_kda_bwd_kernel_wy_dqkg_fused",
+        "q:bf16 k:bf16 v:bf16 v_new:bf16 g:fp32 beta:bf16 A:bf16 h:bf16 do:bf16 dh:bf16 dq:fp32 dk:fp32 dv:bf16 "
+        "dv2:bf16 dg:fp32 db:fp32 dA:fp32", {"BT": CHUNK, "STATE_V_FIRST": False, **VARLEN}, WY_DQKG_CONFIGS),
+    "chunk_kda_bwd_kernel_intra": FlaKernel(
+        "fla.ops.kda.chunk_intra", "chunk_kda_bwd_kernel_intra",
+        "q:bf16 k:bf16 g:fp32 beta:bf16 dAqk:fp32 dAkk:fp32 dq:fp32 dq2:fp32 dk:fp32 dk2:fp32 dg:fp32 dg2:fp32 "
+        "db:fp32", {"BT": CHUNK, "BC": 16, "BK": 32, "NC": 4, "SAFE_GATE": False, "USE_GATHER": True, **VARLEN},
+        INTRA_BWD_CONFIGS),
+    "chunk_local_cumsum_vector_kernel[reverse]": FlaKernel(
+        "fla.ops.utils.cumsum", "chunk_local_cumsum_vector_kernel", "s:fp32 o:fp32 scale:-",
+        {"B": 1, "H": 32, "S": 128, "BT": CHUNK, "REVERSE": True, "HAS_SCALE": False, "HEAD_FIRST": False,
+         **VARLEN}, VECTOR_CUMSUM_CONFIGS),
+    "l2norm_bwd_kernel[fp32 dy]": FlaKernel("fla.modules.l2norm", "l2norm_bwd_kernel",
+                                            "y:bf16 rstd:fp32 dy:fp32 dx:bf16", {"D": 128, "BD": 128, "NB": 8},
+                                            L2_CONFIGS),
+}
+"""fla-core 0.5.1's kernels of one ``chunk_kda`` forward and backward (the
+launch order is :func:`roofline.fla_kda_launches`'): ``chunk_kda(q, k, v,
+g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=...)`` with ``g`` the
+activated log gates [B, T, HV, K] in bf16 (``use_gate_in_kernel``,
+``safe_gate`` and ``disable_recompute`` False, chunks of 64, no initial or
+final state), on an H200 with the lists its autotuners hold there.
+
+What the host code launches there: the gate's chunk-local cumsum is the
+vector kernel (a [64, BS] tile per program, fp32 out, scaled by 1/ln 2);
+with ``safe_gate`` False the diagonal 16 x 16 blocks of Aqk and Akk come
+from the token-parallel kernel (a program per token and ``BH`` value heads;
+``chunk_kda_fwd_kernel_intra_sub_chunk`` runs only under ``safe_gate``),
+then the fused inter-block + triangular-solve kernel (tf32 products) writes
+Aqk and the inverse Akk, and ``recompute_w_u_fwd_kda_kernel`` writes w, u and
+kg (the backward's recompute also writes qg: ``[qg]``). The state walks are
+GDN's kernels with ``gk`` (no scalar ``g``) and are passed kg / qg, whose
+heads are the value heads: they compile with H = HV (``[gk]``). The output
+is GLA's ``chunk_gla_fwd_kernel_o`` on the saved Aqk. The backward's dq and
+dk come out fp32 at the value heads (a torch sum over each key head's group),
+so its l2norm backward reads an fp32 ``dy`` (``[fp32 dy]``). Dispatch: the
+TileLang ``wy_dqkg`` backend refuses HV != H and FlashKDA serves inference
+only, so every kernel is the Triton one. Hopper's lists: ``NUM_WARPS`` [2, 4]
+for the backward's kernels and the walks, ``BK_LIST`` [32, 64] and
+``BV_LIST`` [64, 128] (``check_shared_mem``), less BK = 32 at 4 warps for
+``wy_dqkg``; dAv's BK = BV = 128 (``check_shared_mem('hopper')``), the
+intra backward's BK = 32 (host code)."""
+
 INDEX_POINTERS = ("cu_seqlens", "chunk_indices", "chunk_offsets")
 HEADS = {"H": 16, "HV": 32, "K": 128, "V": 128}
 
@@ -139,8 +229,11 @@ def config_key(config: dict) -> str:
 def import_fla(site: str | None):
     """Import fla-core's kernel modules with the H200's device flags: put
     ``site`` on sys.path, register the package folders without running their
-    ``__init__`` files, and set ``fla.utils``' flags (Hopper, tf32,
-    ``check_shared_mem`` true) before any kernel module reads them."""
+    ``__init__`` files (``fla.ops.kda`` and ``fla.ops.gla`` too: theirs import
+    every op of the family; ``fla.ops.utils`` and ``fla.ops.cp`` keep theirs,
+    whose names the kernel modules import), and set ``fla.utils``' flags
+    (Hopper, tf32, ``check_shared_mem`` true) before any kernel module reads
+    them."""
     if site:
         sys.path.insert(0, site)
     spec = importlib.util.find_spec("fla")
@@ -149,7 +242,7 @@ def import_fla(site: str | None):
                                   "`pip install --target DIR fla-core==0.5.1`")
     root = Path(next(iter(spec.submodule_search_locations)))
     version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (root / "__init__.py").read_text())
-    for package in ("fla", "fla.ops", "fla.modules", "fla.ops.gated_delta_rule"):
+    for package in ("fla", "fla.ops", "fla.modules", "fla.ops.gated_delta_rule", "fla.ops.kda", "fla.ops.gla"):
         if package not in sys.modules:
             module = types.ModuleType(package)
             module.__path__ = [str(root.joinpath(*package.split(".")[1:]))]
@@ -179,9 +272,11 @@ def fla_version(site: str | None) -> str:
         return "unknown"
 
 
-def compile_facts(site: str | None, labels: list[str] | None = None, progress=print) -> dict[str, dict[str, dict]]:
-    """``{kernel: {config_key: facts}}`` for every kernel of :data:`FLA_KERNELS`
-    (or ``labels``) at every configuration of its list, compiled for sm_90:
+def compile_facts(site: str | None, labels: list[str] | None = None, progress=print,
+                  table: dict[str, FlaKernel] = FLA_KERNELS) -> dict[str, dict[str, dict]]:
+    """``{kernel: {config_key: facts}}`` for every kernel of ``table`` (default
+    :data:`FLA_KERNELS`; :data:`FLA_KDA_KERNELS` for KDA's), or its ``labels``,
+    at every configuration of its list, compiled for sm_90:
     registers, spill stores and loads (B/thread), shared memory, warps,
     stages and the products' instruction class. Needs a fresh TRITON_CACHE_DIR
     (a cached kernel skips ptxas and logs nothing)."""
@@ -193,8 +288,8 @@ def compile_facts(site: str | None, labels: list[str] | None = None, progress=pr
     import_fla(site)
     triton.knobs.nvidia.dump_ptxas_log = True
     out: dict[str, dict[str, dict]] = {}
-    for label in labels or list(FLA_KERNELS):
-        spec = FLA_KERNELS[label]
+    for label in labels or list(table):
+        spec = table[label]
         kernel = getattr(importlib.import_module(spec.module), spec.function)
         while not isinstance(kernel, JITFunction):  # heuristics / autotuner wrappers
             kernel = kernel.fn

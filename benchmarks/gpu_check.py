@@ -36,6 +36,7 @@ STAGES = {  # name: (module, cap in seconds on the GPU, in --quick)
     "memory": ("gpu_capture", 90, False),  # one Inductor compile of the traced host path (light)
     "checkpointing": ("gpu_capture", 25, False),
     "timing": ("gpu_stages", 35, False),
+    "kda": ("gpu_stages", 60, False),  # KDA against FLA's chunk_kda: its first call runs its autotuners
     "lowering": ("gpu_capture", 90, False),  # Inductor compiles the traced host path's forward and backward
     "segments": ("gpu_stages", 35, False),
     "decode": ("gpu_stages", 20, False),
@@ -52,6 +53,7 @@ REQUIRED = {
     "memory": ("save_modes", "traced", "checkpoint"),
     "checkpointing": ("torch", "verified_before", "cases", "pass"),
     "timing": ("ms", "model_ms"),
+    "kda": ("ms", "model_ms"),
     "lowering": ("relative_rms_vs_eager", "calls_gdn_kcp_op", "triton_launches_in_code", "traced_ms", "pass"),
     "segments": (),
     "decode": ("decode_vs_full_relative_rms", "decode_step_ms"),

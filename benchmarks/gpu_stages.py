@@ -81,6 +81,25 @@ def forward_backward(results, s: Setup):
     results["pass"] = all(e < 1e-2 for e in errors.values())
 
 
+def time_beside_fla(results, s: Setup, rows: dict, entry, xs, cu, do) -> None:
+    """Forward and backward ms of each of our ``rows`` (name: a call giving o)
+    and of FLA's ``entry()`` on the same leaves with ``cu_seqlens`` (row
+    "fla", beside its output's relative RMS against row "gdn_kcp"; FLA absent
+    or failing: ours alone, the reason in ``fla_error``), into ``results["ms"]``."""
+    try:
+        fla = entry()
+        rows["fla"] = lambda: fla(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
+        with torch.no_grad():
+            results["fla_vs_ours_o_relative_rms"] = rel_rms(rows["fla"](), rows["gdn_kcp"]())
+    except Exception as error:  # noqa: BLE001 - FLA absent or failing: ours alone, the reason reported
+        results["fla_error"] = f"{type(error).__name__}: {error}"
+    measured = {}
+    for name, fn in rows.items():
+        ms, how = forward_backward_ms(fn, xs, do, s.device, s.dry)
+        measured[name] = dict(ms, how=how)
+        results["ms"] = measured
+
+
 def timing(results, s: Setup):
     """Forward and backward of the whole packing (CUDA-graph replays): ours
     (light, and ``save_mode="inverse"``, which keeps A as FLA does) and FLA's
@@ -94,22 +113,50 @@ def timing(results, s: Setup):
     do = torch.randn_like(xs[2])
     rows = {name: (lambda mode=mode: gdn_kcp(*xs, ctx, options=OptionsKcp(use_qk_l2norm=True, save_mode=mode))[0])
             for name, mode in (("gdn_kcp", "light"), ("gdn_kcp_inverse", "inverse"))}
-    try:
-        fla = fla_entry()
-        rows["fla"] = lambda: fla(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
-        with torch.no_grad():
-            results["fla_vs_ours_o_relative_rms"] = rel_rms(rows["fla"](), rows["gdn_kcp"]())
-    except Exception as error:  # noqa: BLE001 - FLA absent or failing: ours alone, the reason reported
-        results["fla_error"] = f"{type(error).__name__}: {error}"
-    measured = {}
-    for name, fn in rows.items():
-        ms, how = forward_backward_ms(fn, xs, do, s.device, s.dry)
-        measured[name] = dict(ms, how=how)
-        results["ms"] = measured
+    time_beside_fla(results, s, rows, fla_entry, xs, cu, do)
     shape, facts = roofline.shape_of(ctx, *s.dims), roofline.load_facts()
     light = roofline.compare(shape, facts)
     model = {"gdn_kcp": light["ours"], "fla": light["fla"],
              "gdn_kcp_inverse": roofline.compare(shape, facts, save_mode="inverse")["ours"]}
+    results["model_ms"] = {name: {"forward": round(r["forward_ms"], 3), "backward": round(r["backward_ms"], 3)}
+                           for name, r in model.items()}
+
+
+def fla_kda_entry():
+    """flash-linear-attention's ``chunk_kda`` (raises when it does not import)."""
+    from fla.ops.kda import chunk_kda
+
+    return chunk_kda
+
+
+def kda_leaves(s: Setup, T: int | None = None) -> list[torch.Tensor]:
+    """:func:`leaves` with a gate per key channel ``[1, T, HV, K]`` (near
+    exp(g) = 0.98 as GDN's, drawn per channel) in place of the scalar one."""
+    xs = leaves(s, T)
+    H_qk, HV, K, V = s.dims
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T or s.T, HV, K, generator=gen) + 4)
+    xs[3] = g.to(device=s.device, dtype=s.dtype).requires_grad_()
+    return xs
+
+
+def kda(results, s: Setup):
+    """KDA (a gate per key channel) over the whole packing: ours (``chunk_kda``,
+    the default light save mode) and FLA's ``chunk_kda`` with ``cu_seqlens``,
+    forward and backward (CUDA-graph replays where they capture), beside the
+    model's KDA rows at this packing (``roofline.compare_kda``); ours against
+    FLA's output (relative RMS) as a check that both ran the same call."""
+    import roofline
+
+    from gdn_kcp import chunk_kda
+
+    xs = kda_leaves(s)
+    cu = torch.tensor(s.bounds, dtype=torch.long, device=s.device)
+    do = torch.randn_like(xs[2])
+    rows = {"gdn_kcp": lambda: chunk_kda(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]}
+    time_beside_fla(results, s, rows, fla_kda_entry, xs, cu, do)
+    ctx = build_kcp_context(list(s.bounds))
+    model = roofline.compare_kda(roofline.shape_of(ctx, *s.dims), roofline.load_facts())
     results["model_ms"] = {name: {"forward": round(r["forward_ms"], 3), "backward": round(r["backward_ms"], 3)}
                            for name, r in model.items()}
 

@@ -9,6 +9,10 @@ compile facts (sm_90) and the estimated time, on the CPU (no GPU).
     python benchmarks/roofline.py --recalibrate DIR/gpu_check.json [--json]
     python benchmarks/roofline.py --refresh-facts --fla-site DIR [--triton-site DIR]
 
+KDA (``compare_kda``): ours (``chunk_kda``) against FLA 0.5.1's ``chunk_kda``
+(``fla_kernels.FLA_KDA_KERNELS``) at the same shape, a gate per key channel,
+printed after GDN's rows.
+
 Shape: T tokens in ``--docs`` equal documents (B = 1), H_qk = ``--hq``, HV =
 ``--hv``, K = V = 128, bf16 inputs, chunks of C = 64, the q/k L2 norm in the
 kernels, one rank, default options (``save_mode="light"``: the backward
@@ -35,7 +39,8 @@ What the work counts, the same for both:
   at this shape, recomputation included (a QK^T per value tile counts per
   value tile). Elementwise work is not counted, except the forward
   substitution of the triangular inverses: ``SOLVE_OPS`` fp32 ops per tile
-  element per row step.
+  element per row step, and KDA's per-channel decays and pairs
+  (:data:`DECAY_OPS`, :data:`PAIR_OPS`; the KDA rows only).
 - Bytes: per program, every tile it reads or writes, once (a tile a program
   reads twice is taken to hit the cache), at its dtype: ours the pool dtypes
   of ``gdn_workspace_layout_kcp``, FLA's the dtypes its host code allocates.
@@ -90,6 +95,7 @@ from gdn_kcp.kernels.triton._common import head_block, heads_per_program, walk_b
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT, kernel_of
 from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
+from gdn_kcp.kernels.triton.scores import SUB_ROWS
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
 
 from gdn_kcp import OptionsKcp, build_kcp_context
@@ -125,7 +131,8 @@ def estimate(launches: list[Launch], facts: Mapping[str, Mapping], m: Machine = 
         rows[launch] = dict(phase=launch.phase, kernel=launch.name, n=1, programs=launch.programs, steps=launch.steps,
                             products=f["products"] if f else "torch", spill_stores=f["spill_stores"] if f else 0,
                             config=fla_kernels.config_key(f["config"]) if f and "config" in f else "",
-                            gflop=total.flops / 1e9, gbytes=total.bytes / 1e9, **terms(launch, f, m))
+                            gflop=total.flops / 1e9, fp32_gflop=total.fp32 / 1e9, gbytes=total.bytes / 1e9,
+                            **terms(launch, f, m))
     out = list(rows.values())
     ms = {p: sum(r["n"] * r["time"] for r in out if p in ("all", r["phase"])) * 1e3 for p in ("all", "fwd", "bwd")}
     return {"rows": out, "total_ms": ms["all"], "forward_ms": ms["fwd"], "backward_ms": ms["bwd"]}
@@ -339,6 +346,130 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
     return [launch for phase, names in phases.items() for name in names for launch in by_name[name](phase)]
 
 
+# ---------------------------------------------------------------- ours, KDA
+
+EXP_OPS = 9
+"""fp32-pipe ops per exponential: a multiply by log2(e), then MUFU.EX2, which
+issues 16 a clock per SM against 128 fp32 FMAs on sm_90 (CUDA C++
+programming guide, arithmetic instruction throughput). KDA's decays are per
+key channel, elementwise work the size of the products' operands, so both
+sides' KDA rows count them (:data:`DECAY_OPS`, :data:`PAIR_OPS`); GDN's (one
+gate a row) stay uncounted, as the calibration rows were."""
+DECAY_OPS = EXP_OPS + 2
+"""fp32 ops per element of a per-channel decay ``x exp(G)``: the cumsum's
+add, the exponential, the product."""
+PAIR_OPS = 5 + EXP_OPS
+"""fp32 ops per (row i, row j, channel d) of our exact pairs inside a
+sub-chunk (``kernels/triton/channel.py``: ``a_id b_jd exp(Γ_id - Γ_jd)``):
+the masked segment cumsum (select, add), the exponential, two products, the
+mask and the sum over d."""
+PULL_OPS = PAIR_OPS + 4
+"""The same per triple for the pairs' two gradients (``channel_pulls``): one
+exponential, then a product pair, a sum and a select for the second side."""
+
+
+def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", pair_ops: float = PAIR_OPS,
+                     pull_ops: float = PULL_OPS) -> list[Launch]:
+    """Every Triton launch of one KDA forward and backward (``chunk_kda``'s host
+    path, a gate per key channel, the programs of :func:`our_programs`, each
+    at its ``[channel]`` configuration) under ``save_mode``, one segment per
+    fragment. The intra-chunk products go through sub-chunk anchors: per
+    chunk ``NB - 1`` products of ``[C, C]`` over K under tf32
+    (``kernels.precision.channel_mode``), the pairs inside each sub-chunk of
+    ``SUB`` rows elementwise (``pair_ops``, ``pull_ops`` an (i, j, d) triple:
+    :data:`PAIR_OPS`, :data:`PULL_OPS`), exact for any gate."""
+    C, K, V, HV, NC = s.C, s.K, s.V, s.HV, s.NC
+    SUB, BW, n = SUB_ROWS, walk_block(V), BF16
+    NB, NW, F, steps = C // SUB, -(-V // BW), s.fragments, s.chunks_per_fragment
+    qk = 2 * C * K * n + 2 * C * e["q_rstd"]
+    g = C * K * n  # a chunk's gates, one per key channel
+    anchored = (NB - 1) * 2 * C * C * K  # the pairs across sub-chunks: one [C, C] product over K per anchor
+    pairs = C * SUB * K  # the (i, j, d) triples inside the sub-chunks
+
+    def products(**extra: float) -> Work:  # channel_products: the anchored products, the pairs, NB decays
+        return Work(tf32=anchored, fp32=pairs * pair_ops + NB * C * K * DECAY_OPS) + Work(**extra)
+
+    def pulls() -> Work:  # channel_pulls over K: both sides' anchored products, the pairs' gradients, NB decays
+        return Work(tf32=2 * anchored, fp32=pairs * pull_ops + NB * C * K * DECAY_OPS)
+
+    def wy_inverse(phase: str) -> list[Launch]:
+        SB = SUBSTITUTION_BLOCK
+
+        def merges(*blocks: int) -> int:
+            return sum(C // (2 * b) * 2 * (2 * b**3) for b in blocks)
+
+        work = products(bf16=merges(INVERSE_BLOCK, 2 * INVERSE_BLOCK),
+                        fp32=(SB - 1) * SOLVE_OPS * C * SB + merges(SB),
+                        bytes=C * K * n + C * e["k_rstd"] + C * n + g + C * C * e["A"])
+        return [Launch(phase, "channel_wy_inverse_kernel", NC * HV, work, SB - 1, Work(fp32=SOLVE_OPS * C * SB))]
+
+    def w_u(phase: str) -> list[Launch]:
+        work = Work(bf16=2 * C * C * K + 2 * C * C * V, fp32=C * K * DECAY_OPS,
+                    bytes=C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * n + g + C * V * n
+                    + C * K * e["w"] + C * V * e["v_new"])
+        return [Launch(phase, "prep_kernel[channel]", NC * HV, work)]
+
+    def norms(phase: str) -> list[Launch]:
+        norm = Launch(phase, "l2_rstd_kernel", -(-s.T // C) * s.H, Work(fp32=2 * C * K, bytes=C * K * n + C * e["q_rstd"]))
+        return [norm, norm]
+
+    def tape_walk(phase: str) -> list[Launch]:
+        step = Work(bf16=2 * (2 * C * K * BW), fp32=C * K * DECAY_OPS,
+                    bytes=C * K * n + C * e["k_rstd"] + g + C * K * e["w"] + 2 * C * BW * e["v_new"]
+                    + K * BW * e["h"])
+        return [walk(phase, "tape_walk_kernel[channel]", F * HV * NW, steps, step)]
+
+    def scores(phase: str) -> list[Launch]:  # one program per chunk and value head (its own gates)
+        return [Launch(phase, "channel_scores_kernel", NC * HV, products(bytes=qk + g + C * C * e["scores"]))]
+
+    def walk_output(phase: str) -> list[Launch]:  # q and the state's rows decay per channel
+        step = Work(bf16=3 * (2 * C * K * BW) + 2 * C * C * BW, fp32=2 * C * K * DECAY_OPS,
+                    bytes=qk + g + C * K * e["w"] + C * BW * e["v_new"] + C * C * e["scores"] + C * BW * n)
+        return [walk(phase, "walk_output_kernel[channel]", F * HV * NW, steps, step)]
+
+    def output(phase: str) -> list[Launch]:
+        work = products(bf16=2 * C * K * V + 2 * C * C * V, fp32=C * K * DECAY_OPS,
+                        bytes=qk + g + K * V * e["h"] + C * V * e["v_new"] + C * V * n)
+        return [Launch(phase, "output_kernel[channel]", NC * HV, work)]
+
+    def bwd_local_dv(phase: str) -> list[Launch]:
+        work = products(bf16=2 * C * C * V, bytes=qk + g + C * V * n + C * V * e["dv_new"])
+        return [Launch(phase, "bwd_local_dv_kernel[channel]", NC * HV, work)]
+
+    def adjoint_walk(phase: str) -> list[Launch]:
+        step = Work(bf16=4 * (2 * C * K * BW), fp32=2 * C * K * DECAY_OPS,
+                    bytes=qk + g + C * K * e["w"] + C * BW * n + 2 * C * BW * e["dv_new"] + K * BW * e["dh"])
+        return [walk(phase, "adjoint_walk_kernel[channel]", F * HV * NW, steps, step)]
+
+    def bwd_dqkwg(phase: str) -> list[Launch]:  # dO Vn^T, the state terms, the score terms by channel_pulls
+        work = pulls() + Work(bf16=2 * C * C * V + 3 * (2 * C * K * V), fp32=2 * C * K * DECAY_OPS,
+                              bytes=g + C * V * (n + e["v_new"] + e["dv_new"]) + K * V * (e["h"] + e["dh"]) + qk
+                              + C * K * (e["dq_heads"] + e["dk_heads"] + e["dw"] + e["dgcum"]))
+        return [Launch(phase, "bwd_dqkwg_kernel[channel]", NC * HV, work)]
+
+    def bwd_wy(phase: str) -> list[Launch]:
+        # the value pass (A^T dU, dU (beta V)^T), dW (beta exp(G) K)^T, A^T dA A^T, A^T dW; dL's pulls
+        work = pulls() + Work(bf16=2 * C * C * (2 * K + 2 * V + 2 * C), fp32=2 * C * K * DECAY_OPS,
+                              bytes=C * n + g + C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * K * e["dw"]
+                              + C * V * n + C * V * e["dv_new"] + 2 * C * K * e["dk_heads"] + 2 * C * K * e["dgcum"]
+                              + C * V * n + C * n)
+        return [Launch(phase, "bwd_wy_kernel[channel]", NC * HV, work)]
+
+    def bwd_gate_cumsum(phase: str) -> list[Launch]:
+        return [Launch(phase, "bwd_gate_cumsum_channel_kernel", NC * HV, Work(bytes=C * K * (e["dgcum"] + n)))]
+
+    def bwd_qk_norm(phase: str) -> list[Launch]:
+        work = Work(bytes=BT_NORM * (HV // s.H * K * e["dq_heads"] + e["q_rstd"] + 2 * K * n))
+        return [Launch(phase, "bwd_qk_norm_kernel", -(-s.T // BT_NORM) * s.H, work)] * 2
+
+    by_name = {"prep": lambda phase: [*norms(phase), *wy_inverse(phase), *w_u(phase)], "w_u": w_u,
+               "tape_walk": tape_walk, "output": output, "scores": scores, "walk_output": walk_output,
+               "bwd_local_dv": bwd_local_dv, "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
+               "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm}
+    phases = our_programs(save_mode, K)
+    return [launch for phase, names in phases.items() for name in names for launch in by_name[name](phase)]
+
+
 def plan_p(ctx, s: Shape) -> int:
     """The intra-rank segments the default options run at (``gdn_kcp.plan``)."""
     return plan_segments(ctx, s.HV, s.K, s.V)
@@ -492,23 +623,180 @@ def fla_launches(s: Shape, configs: Mapping[str, Mapping] | None = None) -> list
     return kernels + fla_torch_ops(s)
 
 
-def best_fla_facts(s: Shape, fla_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200) -> dict[str, dict]:
+def best_fla_facts(s: Shape, fla_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200,
+                   kernel_launches: Callable[[Shape, str, Mapping], list[Launch]] = fla_kernel_launches
+                   ) -> dict[str, dict]:
     """Each FLA kernel's compile facts at the configuration of its list with
-    the least modelled time at shape ``s`` (summed over its launches), among
-    those that can launch (shared memory within a block's
+    the least modelled time at shape ``s`` (summed over its launches, which
+    ``kernel_launches`` gives: GDN's by default, :func:`fla_kda_kernel_launches`
+    for KDA's), among those that can launch (shared memory within a block's
     ``SHARED_MEMORY_LIMIT``: the autotuner prunes the others)."""
     best = {}
     for label, by_config in fla_facts.items():
         def cost(facts: Mapping) -> float:
-            return sum(terms(launch, facts, m)["time"] for launch in fla_kernel_launches(s, label, facts["config"]))
+            return sum(terms(launch, facts, m)["time"] for launch in kernel_launches(s, label, facts["config"]))
         best[label] = min((f for f in by_config.values() if f["shared"] <= SHARED_MEMORY_LIMIT), key=cost)
     return best
 
 
-def fla_estimate(s: Shape, fla_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200) -> dict:
-    """FLA's estimate at shape ``s``, every kernel at its best configuration."""
-    best = best_fla_facts(s, fla_facts, m)
-    return estimate(fla_launches(s, {label: f["config"] for label, f in best.items()}), best, m)
+def fla_estimate(s: Shape, fla_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200,
+                 kernel_launches: Callable[[Shape, str, Mapping], list[Launch]] = fla_kernel_launches,
+                 launches: Callable[[Shape, Mapping], list[Launch]] = fla_launches) -> dict:
+    """FLA's estimate at shape ``s``, every kernel at its best configuration
+    (GDN's launches by default; KDA's: :func:`fla_kda_estimate`)."""
+    best = best_fla_facts(s, fla_facts, m, kernel_launches)
+    return estimate(launches(s, {label: f["config"] for label, f in best.items()}), best, m)
+
+
+# ---------------------------------------------------------------- FLA KDA (fla-core 0.5.1 chunk_kda)
+
+FLA_KDA_DEFAULT_CONFIGS = {label: spec.configs[0] for label, spec in fla_kernels.FLA_KDA_KERNELS.items()}
+"""A configuration of each FLA KDA kernel where no facts pick one."""
+
+KDA_SUB_CHUNK = 16
+"""``BC``: the sub-chunk of KDA's intra-chunk kernels (16 rows; 4 to a chunk of 64)."""
+
+
+def fla_kda_kernel_launches(s: Shape, label: str, config: Mapping) -> list[Launch]:
+    """The launches of one kernel of FLA 0.5.1's ``chunk_kda`` forward+backward
+    (:data:`fla_kernels.FLA_KDA_KERNELS`) at ``config`` (the walks', the
+    output's and the cumsum's tiles, the token-parallel kernel's heads per
+    program, the l2norm's rows change the programs and the bytes). FLOPs: 2 m
+    n k per product each program computes; a contraction a kernel computes
+    elementwise on [rows, K] tiles (the token-parallel diagonal blocks, the
+    intra backward's diagonal blocks) counts the same, at fp32; and, as ours
+    (:func:`our_kda_launches`), every per-channel decay ``x exp(g)`` at
+    :data:`DECAY_OPS` fp32 ops an element (each kernel's count of the tiles it
+    decays, from its code). Where a
+    program's work depends on its place in the chunk (the token-parallel and
+    the intra backward kernels), the work is the programs' mean."""
+    C, K, V, HV, H, NC, n = s.C, s.K, s.V, s.HV, s.H, s.NC, BF16
+    G, BC = HV // H, KDA_SUB_CHUNK
+    NS = C // BC  # sub-chunks per chunk
+    docs, per_doc = s.fragments, s.chunks_per_fragment
+    rows = s.T * H  # rows of q or k for the L2 norm
+    if label == "l2norm_fwd_kernel":  # GDN's: q and k
+        return fla_kernel_launches(s, label, config)
+    if label == "l2norm_bwd_kernel[fp32 dy]":  # y, dx bf16; dy fp32 (dq / dk summed in fp32); rstd
+        BT = config["BT"]
+        return [Launch("bwd", label, -(-rows // BT), Work(fp32=2 * BT * K, bytes=BT * (2 * K * n + K * F32 + F32)))] * 2
+    if label in ("chunk_local_cumsum_vector_kernel", "chunk_local_cumsum_vector_kernel[reverse]"):
+        BS = config["BS"]  # a [C, BS] tile per program: bf16 g in, fp32 out / fp32 dg in and out
+        reverse = label.endswith("[reverse]")
+        return [Launch("bwd" if reverse else "fwd", label, -(-K // BS) * NC * HV,
+                       Work(bytes=C * BS * ((F32 if reverse else n) + F32)))]
+    if label == "chunk_kda_fwd_kernel_intra_token_parallel":
+        # A program per token and BH value heads: for each earlier token j of its sub-chunk and itself (J on
+        # average), two K-long dot products per head (Aqk and Akk entries); it reads its own q, k, g rows and
+        # beta, k and g rows of the J - 1 earlier tokens, and writes J entries of Aqk (bf16) and Akk (fp32).
+        heads = min(config["BH"], HV)
+        qk_heads = -(-heads // G)  # the key heads its value heads share
+        J = (BC + 1) / 2
+        return [Launch("fwd", label, s.T * -(-HV // heads),
+                       Work(fp32=J * 2 * (2 * heads * K) + J * heads * K * DECAY_OPS,  # exp(g_i - g_j) k_j
+                            bytes=2 * qk_heads * K * n + heads * (K * F32 + n)
+                            + (J - 1) * (qk_heads * K * n + heads * K * F32) + J * heads * (n + F32)))]
+    if label == "chunk_kda_fwd_kernel_inter_solve_fused":
+        # Off-diagonal blocks: Aqk and Akk per pair of sub-chunks (fp32 operands: tf32 products); the
+        # substitution on the NS diagonal blocks (rows 2 .. BC - 1); the merge, d + 1 products of BC^3 for each
+        # block d below the diagonal (16 at NS = 4, tf32).
+        pairs, solve_steps = NS * (NS - 1) // 2, NS * (BC - 2)
+        merges = sum((NS - d) * (d + 1) for d in range(1, NS))
+        return [Launch("fwd", label, NC * HV,
+                       Work(tf32=2 * pairs * 2 * BC * BC * K + merges * 2 * BC**3,
+                            fp32=solve_steps * SOLVE_OPS * BC * BC + 9 * BC * K * DECAY_OPS,  # 9 decayed [BC, K] tiles
+                            bytes=C * K * n + (C - BC) * K * n + C * K * F32 + NS * BC * BC * F32 + (NS - 1) * BC * n
+                            + pairs * BC * BC * n + NS * (NS + 1) // 2 * BC * BC * n),
+                       solve_steps, Work(fp32=SOLVE_OPS * BC * BC))]
+    if label in ("recompute_w_u_fwd_kda_kernel", "recompute_w_u_fwd_kda_kernel[qg]"):
+        # A (bf16) times beta V and beta exp(g) K; reads beta, A, v, k, g; writes u, w, kg (and qg from q)
+        qg = label.endswith("[qg]")
+        w_u = Work(bf16=2 * C * C * (K + V), fp32=(3 if qg else 2) * C * K * DECAY_OPS, bytes=C * n + C * C * n + 2 * C * V * n + C * K * (n + F32) + 2 * C * K * n
+                   + (2 * C * K * n if qg else 0))
+        return [Launch("bwd" if qg else "fwd", label, NC * HV, w_u)]
+    if label == "chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]":
+        # per step: h out, W S, K^T V; reads w, kg (K columns), u, the gate's last row (fp32); writes v_new
+        BV = config["BV"]
+        step = Work(bf16=2 * (2 * C * K * BV), fp32=K * DECAY_OPS,  # the state's rows decay by exp(g_last)
+                    bytes=K * BV * n + 2 * C * K * n + 2 * C * BV * n + K * F32)
+        return [walk(phase, label, docs * HV * -(-V // BV), per_doc, step) for phase in ("fwd", "bwd")]
+    if label == "chunk_gla_fwd_kernel_o":
+        # (q exp(g)) S and Aqk V per value tile; reads q, g (fp32), h, Aqk, v_new; writes o
+        BV = config["BV"]
+        return [Launch("fwd", label, NC * HV * -(-V // BV),
+                       Work(bf16=2 * C * K * BV + 2 * C * C * BV, fp32=C * K * DECAY_OPS,
+                            bytes=C * K * (n + F32) + K * BV * n + C * C * n + 2 * C * BV * n))]
+    if label == "chunk_kda_bwd_kernel_dAv":
+        # dO Vn^T and Aqk^T dO; reads Aqk, v_new, do; writes dv (bf16) and dAqk (fp32)
+        return [Launch("bwd", label, NC * HV,
+                       Work(bf16=2 * (2 * C * C * V), bytes=C * C * n + 3 * C * V * n + C * C * F32))]
+    if label == "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64[gk]":
+        # per step: dh out; K dS, qg^T dO, W^T dV; reads do, dv, kg, qg, w, the gate's last row; writes dv2
+        BV = config["BV"]
+        step = Work(bf16=3 * (2 * C * K * BV), fp32=K * DECAY_OPS,
+                    bytes=K * BV * n + K * F32 + 3 * C * BV * n + 3 * C * K * n)
+        return [walk("bwd", label, docs * HV * -(-V // BV), per_doc, step)]
+    if label == "chunk_kda_bwd_kernel_wy_dqkg_fused":
+        # dO S^T, Vn dS, dV S^T (dq, dk, dw) over K x V; dV V^T and A dV (dA, du: its first key tile);
+        # dW kg^T and A dW over K; dA's two products with A
+        return [Launch("bwd", label, NC * HV,
+                       Work(bf16=3 * (2 * C * K * V) + 2 * (2 * C * C * V) + 2 * (2 * C * C * K) + 2 * (2 * C**3),
+                            fp32=2 * C * K * DECAY_OPS,
+                            bytes=C * n + C * C * n + C * K * (2 * n + F32) + 3 * C * K * F32 + 2 * K * V * n
+                            + 5 * C * V * n + C * C * F32 + C * F32))]
+    if label == "chunk_kda_bwd_kernel_intra":
+        # A program per sub-chunk and key tile BK: dAqk, dAkk (fp32) times the gated k of each earlier sub-chunk
+        # and, transposed, the gated q and beta k of each later one (NS - 1 in all: tf32 products); the two
+        # diagonal blocks elementwise (fp32); reads its own g, q, k, beta, dq, dk, dg, writes dq2, dk2, dg2,
+        # db; the earlier sub-chunks' k, g and the later ones' q, k, g, beta and their dA blocks (the mean:
+        # (NS - 1) / 2 of each)
+        BK = min(32, 1 << (K - 1).bit_length())
+        block = 2 * BC * BC * BK
+        others = (NS - 1) / 2 * (BC * BK * (n + F32) + BC * BK * (2 * n + F32) + BC * n + 2 * 2 * BC * BC * F32)
+        return [Launch("bwd", label, -(-K // BK) * NS * NC * HV,
+                       Work(tf32=(NS - 1) * 2 * block,
+                            fp32=2 * 2 * block + (2 * BC * BC * BK + (NS - 1) * BC * BK + 1.5 * BC * BK) * DECAY_OPS,
+                            bytes=BC * BK * (F32 + 2 * n) + BC * n + 6 * BC * BK * F32 + BC * F32 + 2 * BC * BC * F32
+                            + others))]
+    raise KeyError(label)
+
+
+def fla_kda_torch_ops(s: Shape) -> list[Launch]:
+    """FLA 0.5.1's torch ops between ``chunk_kda``'s kernels (bytes read and
+    written): the zeroed Akk and o, the intra backward's db partials (one per
+    key tile of 32) summed and added to the fused kernel's, the GVA sums of dq
+    and dk (fp32), and the casts of dg and db to the bf16 inputs' dtype."""
+    T, K, V, HV, H, n = s.T, s.K, s.V, s.HV, s.H, BF16
+    NK = -(-K // min(32, 1 << (K - 1).bit_length()))
+
+    def op(phase: str, label: str, nbytes: int) -> Launch:
+        return Launch(phase, None, 1, Work(bytes=nbytes), label=f"torch: {label}")
+
+    gva = [op("bwd", f"{name} GVA sum", (HV + H) * K * T * F32) for name in ("dq", "dk")] if HV != H else []
+    return [op("fwd", "Akk = zeros", T * HV * s.C * n), op("fwd", "o = zeros", T * HV * V * n),
+            op("bwd", "db sum over K blocks", (NK + 1) * T * HV * F32), op("bwd", "db += db2", 3 * T * HV * F32),
+            *gva, op("bwd", "dg to bf16", T * HV * K * (F32 + n)), op("bwd", "db to bf16", T * HV * (F32 + n))]
+
+
+def fla_kda_launches(s: Shape, configs: Mapping[str, Mapping] | None = None) -> list[Launch]:
+    """Every launch of FLA's ``chunk_kda`` forward+backward (fla-core 0.5.1),
+    each kernel at ``configs[label]`` (default: the first of its list)."""
+    configs = {**FLA_KDA_DEFAULT_CONFIGS, **(configs or {})}
+    kernels = [launch for label in fla_kernels.FLA_KDA_KERNELS
+               for launch in fla_kda_kernel_launches(s, label, configs[label])]
+    return kernels + fla_kda_torch_ops(s)
+
+
+def best_fla_kda_facts(s: Shape, fla_kda_facts: Mapping[str, Mapping[str, Mapping]],
+                       m: Machine = H200) -> dict[str, dict]:
+    """:func:`best_fla_facts` for KDA's kernels (``facts["fla_kda"]``)."""
+    return best_fla_facts(s, fla_kda_facts, m, fla_kda_kernel_launches)
+
+
+def fla_kda_estimate(s: Shape, fla_kda_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200) -> dict:
+    """FLA ``chunk_kda``'s estimate at shape ``s``, every kernel at its best
+    configuration (``fla_kda_facts``: ``facts["fla_kda"]``)."""
+    return fla_estimate(s, fla_kda_facts, m, fla_kda_kernel_launches, fla_kda_launches)
 
 
 # ---------------------------------------------------------------- compile facts
@@ -544,7 +832,8 @@ def warn_if_stale(facts: Mapping) -> None:
 
 def refresh_facts(fla_site: str | None, path: Path = FACTS_FILE) -> dict:
     """Compile ours (``compile_specs.report``) and every configuration of FLA's
-    kernels for sm_90 and write them to ``path``."""
+    kernels (GDN's, and KDA's under ``"fla_kda"``) for sm_90 and write them to
+    ``path``."""
     import triton
     from gdn_kcp.kernels.triton.compile_specs import report
 
@@ -554,8 +843,11 @@ def refresh_facts(fla_site: str | None, path: Path = FACTS_FILE) -> dict:
         raise RuntimeError("ptxas logged nothing: run with a fresh TRITON_CACHE_DIR")
     progress("compiling every configuration of FLA's kernels for sm_90 ...")
     fla = fla_kernels.compile_facts(fla_site, progress=progress)
+    progress("compiling every configuration of FLA's KDA kernels for sm_90 ...")
+    fla_kda = fla_kernels.compile_facts(fla_site, progress=progress, table=fla_kernels.FLA_KDA_KERNELS)
     facts = {"triton": triton.__version__, "fla_version": fla_kernels.fla_version(fla_site),
-             "ours_digest": source_digest(), "ours": {r["kernel"]: r for r in rows}, "fla": fla}
+             "ours_digest": source_digest(), "ours": {r["kernel"]: r for r in rows}, "fla": fla,
+             "fla_kda": fla_kda}
     path.write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
     return facts
 
@@ -745,6 +1037,54 @@ def save_mode_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def our_kda_shape_launches(s: Shape, save_mode: str = "light", **ops: float) -> list[Launch]:
+    """Our KDA launches at shape ``s`` (pool dtypes from the light layout of
+    its context with a gate per key channel); ``ops``: :func:`our_kda_launches`'
+    ``pair_ops`` / ``pull_ops``. One segment per fragment: a shape where the
+    plan runs more is refused."""
+    ctx = shape_context(s)
+    options = OptionsKcp(use_qk_l2norm=True, gate="channel")
+    P = plan_segments(ctx, s.HV, s.K, s.V)
+    if P != 1:
+        raise ValueError(f"the KDA rows model one segment per fragment; the plan runs P={P} at {s}")
+    return our_kda_launches(s, pool_element_sizes(ctx, s, options), save_mode, **ops)
+
+
+def compare_kda(s: Shape, facts: Mapping, m: Machine = H200, save_mode: str = "light") -> dict:
+    """KDA's estimates at shape ``s``: ours (``chunk_kda`` under ``save_mode``)
+    and FLA 0.5.1's ``chunk_kda`` (``facts["fla_kda"]``)."""
+    return {"ours": estimate(our_kda_shape_launches(s, save_mode), facts["ours"], m),
+            "fla": fla_kda_estimate(s, facts["fla_kda"], m)}
+
+
+def kda_pairs_ms(s: Shape, facts: Mapping, m: Machine = H200) -> float:
+    """Milliseconds of our KDA estimate at ``s`` that are the exact pairs'
+    elementwise work: the estimate less the same launches with no work for
+    the (i, j, d) triples inside the sub-chunks."""
+    ours = estimate(our_kda_shape_launches(s), facts["ours"], m)["total_ms"]
+    return ours - estimate(our_kda_shape_launches(s, pair_ops=0, pull_ops=0), facts["ours"], m)["total_ms"]
+
+
+def kda_markdown(result: dict) -> str:
+    """One KDA estimate's launches, short: phase, kernel, launches, time (ms)
+    and the share of its compute that is fp32 (elementwise) work."""
+    lines = ["| phase | kernel | n | time (ms) | fp32 GFLOP | tensor GFLOP | GB |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['phase']} | {r['kernel']} | {r['n']} | {r['n'] * r['time'] * 1e3:.2f} | "
+                     f"{r['n'] * r['fp32_gflop']:.1f} | {r['n'] * (r['gflop'] - r['fp32_gflop']):.1f} | "
+                     f"{r['n'] * r['gbytes']:.2f} |")
+    return "\n".join(lines)
+
+
+def kda_summary(results: Mapping, pairs_ms: float) -> str:
+    """The sentence of docs/cuda.md on KDA's modelled times."""
+    ours, fla = results["ours"], results["fla"]
+    return (f"ours {ours['total_ms']:.2f} ms (forward {ours['forward_ms']:.2f}, backward {ours['backward_ms']:.2f}), "
+            f"FLA's chunk_kda {fla['total_ms']:.2f} ms (forward {fla['forward_ms']:.2f}, backward "
+            f"{fla['backward_ms']:.2f}): **ours is {ours['total_ms'] / fla['total_ms']:.2f}x FLA's time**, "
+            f"{pairs_ms:.2f} ms of ours the exact pairs' elementwise work")
+
+
 def breakdown(results: Mapping) -> str:
     """The sentence of docs/cuda.md on where ours loses, from the estimate's rows (ms)."""
     def ms(name: str, kernels: set, phase: str) -> float:
@@ -816,6 +1156,10 @@ def main() -> None:
     print(f"\nours / FLA = {ratio:.2f} (save_mode={args.save_mode!r})\n\n### Save modes\n\n"
           f"{save_mode_markdown(save_mode_table(shape, facts, machine))}")
     print(f"\n### Calibration\n\n{calibration_markdown(table)}")
+    kda = compare_kda(shape, facts, machine, args.save_mode)
+    print(f"\n### KDA (a gate per key channel)\n\n{kda_summary(kda, kda_pairs_ms(shape, facts, machine))}.\n")
+    print(f"Ours (gdn_kcp chunk_kda, Triton):\n\n{kda_markdown(kda['ours'])}\n")
+    print(f"FLA (fla-core 0.5.1 chunk_kda):\n\n{kda_markdown(kda['fla'])}")
     segments = walk_latency_table(facts["ours"], machine)
     plan_ctx = replace(full_shape()[1], n_sms=machine.sms)
     plan_p = {f"HV={hv}": plan_segments(plan_ctx, hv, 128, 128) for hv in (32, 4)}

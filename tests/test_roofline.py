@@ -209,6 +209,99 @@ def test_the_same_math_counts_the_same_flops():
     assert 3 * flops(ours, "adjoint_walk_kernel") == 4 * flops(fla, "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64")
 
 
+def test_kda_launches_counted_by_hand():
+    """Ours with a gate per key channel: the intra-chunk products through 3
+    anchors (tf32), the pairs inside the 4 sub-chunks of 16 rows at PAIR_OPS
+    a triple, every per-channel decay at DECAY_OPS an element; the gates
+    ``[T, HV, K]`` read where GDN's ``[T, HV]`` are."""
+    launches = roofline.our_kda_launches(TINY, POOLS)
+    pair, decay = roofline.PAIR_OPS, roofline.DECAY_OPS
+    assert (pair, decay, roofline.PULL_OPS) == (14, 11, 18)
+    scores = launch_of(launches, "channel_scores_kernel")  # one program per chunk and value head: 2 x 2
+    assert scores.programs == 4 and scores.work == Work(
+        tf32=3 * 2 * 64 * 64 * 16,  # one [64, 64] product over K per anchor
+        fp32=64 * 16 * 16 * pair + 4 * 64 * 16 * decay,  # 4 blocks of 16 x 16 x 16 triples; 1 + 3 decayed tiles
+        bytes=4096 + 512 + 2048 + 8192)  # q k, their norms, g [64, 16] bf16, the scores
+    walk = launch_of(launches, "walk_output_kernel[channel]")
+    assert (walk.programs, walk.steps) == (2, 2) and walk.work == walk.step * 2
+    # GDN's step (W S, K^T Vn, Q S, P Vn), the decays of q and of the keys; g per channel
+    assert walk.step == Work(bf16=3 * 32768 + 131072, fp32=2 * 64 * 16 * decay,
+                             bytes=4096 + 512 + 2048 + 2048 + 2048 + 8192 + 2048)
+    dqkwg = launch_of(launches, "bwd_dqkwg_kernel[channel]", "bwd")
+    assert dqkwg.work.tf32 == 2 * scores.work.tf32  # the pulls: both sides of every anchor
+    assert dqkwg.work.bf16 == 2 * 64 * 64 * 16 + 3 * (2 * 64 * 16 * 16)  # dO Vn^T, the state terms
+    names = {x.kernel for x in launches}
+    assert names == {"l2_rstd_kernel", "channel_wy_inverse_kernel", "prep_kernel[channel]", "channel_scores_kernel",
+                     "walk_output_kernel[channel]", "tape_walk_kernel[channel]", "bwd_local_dv_kernel[channel]",
+                     "adjoint_walk_kernel[channel]", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel[channel]",
+                     "bwd_gate_cumsum_channel_kernel", "bwd_qk_norm_kernel"}
+    assert names <= set(roofline.load_facts()["ours"])
+    fewer = roofline.our_kda_launches(TINY, POOLS, pair_ops=0, pull_ops=0)
+    assert launch_of(fewer, "channel_scores_kernel").work.fp32 == 4 * 64 * 16 * decay
+
+
+def test_kda_program_sequence_is_the_host_paths(monkeypatch):
+    """KDA runs GDN's programs (``our_programs``) under each save mode: the
+    torch programs ``kda_kcp`` calls, forward then backward."""
+    from gdn_kcp.kernels import torch as programs
+
+    from gdn_kcp import OptionsKcp, build_kcp_context, kda_kcp
+
+    calls = []
+    for name in programs.__all__:
+        program = getattr(programs, name)
+        monkeypatch.setattr(programs, name, lambda *a, _n=name, _p=program, **k: calls.append(_n) or _p(*a, **k))
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 130, 1, 16, generator=gen).requires_grad_() for _ in range(2))
+    v = torch.randn(1, 130, 2, 16, generator=gen).requires_grad_()
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 130, 2, 16, generator=gen)).requires_grad_()
+    beta = torch.rand(1, 130, 2, generator=gen).requires_grad_()
+    for save_mode in ("light", "inverse", "full"):
+        calls.clear()
+        o, _ = kda_kcp(q, k, v, g, beta, build_kcp_context([0, 130]),
+                       options=OptionsKcp(save_mode=save_mode, use_qk_l2norm=True))
+        forward = len(calls)
+        o.sum().backward()
+        expected = roofline.our_programs(save_mode, 16)
+        assert calls[:forward] == list(expected["fwd"]) and calls[forward:] == list(expected["bwd"]), save_mode
+
+
+def test_fla_kda_launches_counted_by_hand():
+    """FLA 0.5.1's chunk_kda: 17 kernel launches (the walks, the W / U kernel,
+    the norms twice) and 8 torch ops; its W / U and state walks do our
+    products (the same math, the same FLOPs)."""
+    s = roofline.Shape()
+    fla = roofline.fla_kda_launches(s, {"chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]": dict(BV=32)})
+    assert sum(x.kernel is not None for x in fla) == 17 and sum(x.kernel is None for x in fla) == 8
+    ours = roofline.our_kda_launches(s, POOLS)
+
+    def flops(launches, kernel, phase="fwd"):
+        x = launch_of(launches, kernel, phase)
+        return x.programs * (x.work.bf16 + x.work.tf32)
+
+    assert flops(ours, "prep_kernel[channel]") == flops(fla, "recompute_w_u_fwd_kda_kernel")
+    assert flops(ours, "tape_walk_kernel[channel]", "bwd") == flops(
+        fla, "chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]", "bwd")
+    token = launch_of(fla, "chunk_kda_fwd_kernel_intra_token_parallel")  # a program per token and BH = 1 head
+    assert token.programs == s.T * s.HV
+    facts = roofline.load_facts()["fla_kda"]
+    assert {label: len(by_config) for label, by_config in facts.items()} == {
+        label: len(spec.configs) for label, spec in roofline.fla_kernels.FLA_KDA_KERNELS.items()}
+
+
+def test_docs_state_the_kda_estimates():
+    """docs/cuda.md's KDA sentence and its two tables are the script's
+    (``compare_kda`` at the full shape, the committed facts)."""
+    from doc_tables import doc
+
+    facts, s = roofline.load_facts(), roofline.Shape()
+    results = roofline.compare_kda(s, facts)
+    text = doc("cuda.md")
+    assert roofline.kda_summary(results, roofline.kda_pairs_ms(s, facts)) in text
+    for name in ("ours", "fla"):
+        assert roofline.kda_markdown(results[name]) in text, name
+
+
 @pytest.mark.parametrize("save_mode, K, segments", [
     ("light", 16, None), ("inverse", 16, None), ("full", 16, None), ("light", 256, None),
     ("light", 16, 4), ("inverse", 16, 4), ("full", 16, 4), ("light", 256, 4),
