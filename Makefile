@@ -73,9 +73,10 @@ roofline: $(VENV)/.test
 
 # Not CI: recompile every kernel of ours and every autotune configuration of FLA 0.5.1's for sm_90 with
 # triton 3.6 (the GPU machine's; FLA 0.5.1 does not compile on 3.9) into benchmarks/h200_facts.json.
-# Downloads fla-core 0.5.1 and triton 3.6.0 into a temporary folder; about 8 minutes on 2 cores.
+# Downloads fla-core 0.5.1 (with einops, which its GLA output kernel's module imports: KDA's rows) and triton 3.6.0
+# into a temporary folder; about 8 minutes on 2 cores.
 roofline-facts: $(VENV)/.test
-	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D/fla fla-core==0.5.1 \
+	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D/fla fla-core==0.5.1 einops==0.8.2 \
 	&& $(PIP) install -q --no-deps --target $$D/triton triton==3.6.0 \
 	&& TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$D/cache \
 	$(PY) benchmarks/roofline.py --refresh-facts --fla-site $$D/fla --triton-site $$D/triton --calibration
