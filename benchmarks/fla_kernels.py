@@ -236,11 +236,15 @@ def import_fla(site: str | None):
     them."""
     if site:
         sys.path.insert(0, site)
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("fla (fla-core) is not importable: pass --fla-site DIR of a "
-                                  "`pip install --target DIR fla-core==0.5.1`")
-    root = Path(next(iter(spec.submodule_search_locations)))
+    registered = sys.modules.get("fla")
+    if registered is not None and getattr(registered, "__spec__", None) is None:  # registered here before
+        root = Path(registered.__path__[0])
+    else:
+        spec = importlib.util.find_spec("fla")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError("fla (fla-core) is not importable: pass --fla-site DIR of a "
+                                      "`pip install --target DIR fla-core==0.5.1`")
+        root = Path(next(iter(spec.submodule_search_locations)))
     version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (root / "__init__.py").read_text())
     for package in ("fla", "fla.ops", "fla.modules", "fla.ops.gated_delta_rule", "fla.ops.kda", "fla.ops.gla"):
         if package not in sys.modules:

@@ -26,8 +26,8 @@ exact at any gate (no exponent above 0), so ``safe_gate`` and ``lower_bound``
 buy no speed here: they are accepted and checked as FLA checks them. The torch
 programs run KDA on the CPU, the Triton programs on CUDA (a gate per key
 channel in every program; checked against the torch programs under Triton's
-interpreter, not yet run on a GPU). The decode step, :func:`fused_recurrent_kda`,
-runs on the CPU only: its Triton form has no gate per key channel yet.
+interpreter, not yet run on a GPU); so does the decode step,
+:func:`fused_recurrent_kda` (``recurrent_kernel[channel]``).
 """
 
 from __future__ import annotations
@@ -110,13 +110,6 @@ def _gate_for_ops(g, A_log, dt_bias, lower_bound, use_gate_in_kernel: bool):
     if use_gate_in_kernel and lower_bound is not None:
         return kda_gate(g, A_log, dt_bias, lower_bound), None, None, False
     return g, A_log, dt_bias, use_gate_in_kernel
-
-
-def _check_decode_device(q: torch.Tensor) -> None:
-    if q.device.type == "cuda":
-        raise ValueError("fused_recurrent_kda runs on the CPU only so far: the Triton decode step has no gate per key "
-                         "channel yet, so a CUDA call is refused (decode on the CPU, or run chunk_kda, which runs "
-                         "on CUDA)")
 
 
 def chunk_kda(
@@ -322,7 +315,6 @@ def fused_recurrent_kda(
     dims, _ = check_gdn_inputs(q, k, v, g, beta[..., 0] if per_value_beta else beta, scale=scale,
                                initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=state_v_first,
                                gate="channel")
-    _check_decode_device(q)
     check_flag("output_final_state", output_final_state)
     check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     if state_v_first:

@@ -177,19 +177,29 @@ def test_gva_needs_a_multiple():
         chunk_kda(q, k, v, g, beta)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("per_value_beta", [False, True])
-def test_fused_recurrent_kda_is_the_recurrence(per_value_beta):
+def test_fused_recurrent_kda_is_the_recurrence(per_value_beta, backend):
     """The token-by-token form against the oracle (beta per head), or against
-    the recurrence written out with beta per value channel; forward only."""
+    the recurrence written out with beta per value channel; forward only. On
+    the torch programs and on the Triton step (the interpreter: what CUDA
+    runs), with ``channel_gates``' hard resets and -1000 gates."""
+    import contextlib
+
     from gdn_kcp import fused_recurrent_kda
+    from gdn_kcp.host.programs import use_programs
+
+    if backend == "triton":
+        pytest.importorskip("triton")
 
     q, k, v, g, beta = kda_inputs(40, 1, 2, 16, 8, seed=6)
     h0 = torch.randn(2, 2, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     cu = torch.tensor([0, 15, 40])
     if per_value_beta:
         beta = torch.rand(1, 40, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
-    o, s = fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                               use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    with use_programs("cpu", "triton") if backend == "triton" else contextlib.nullcontext():
+        o, s = fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     if not per_value_beta:
         ro, rs = naive_kda_recurrence(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                       use_qk_l2norm_in_kernel=True, cu_seqlens=cu)

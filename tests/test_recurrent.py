@@ -162,6 +162,10 @@ TWIN_CASES = {
     # (five tiles, the last cut) checks the tiling V = 512 repeats; V = 512 alone takes the
     # interpreter 2 minutes (64 tiles)
     "bf16-K256": dict(K=256, V=24, dtype=torch.bfloat16, l2=True, gate=True, initial=True),
+    # KDA's decode (fused_recurrent_kda): a decay per key channel with -inf (a hard reset of that key row) and
+    # -1000 entries, and beta per value channel
+    "kda-fp64-K24-V40": dict(K=24, V=40, dtype=torch.float64, l2=True, gate=False, initial=True, channel=True),
+    "kda-bf16-K16-V8": dict(K=16, V=8, dtype=torch.bfloat16, l2=True, gate=False, initial=False, channel=True),
 }
 TWIN_TOLERANCE = {torch.float64: (1e-13, 1e-13), torch.float32: (1e-6, 1e-6), torch.bfloat16: (2e-3, 1e-6)}
 """Relative RMS (o, final state) against the torch program. Both compute in
@@ -184,6 +188,10 @@ def test_triton_recurrent_matches_the_torch_program(name):
     h0 = torch.randn(N, 2, K, V, generator=gen, dtype=cdt) if case["initial"] else None
     gate = torch.stack([-torch.rand(2, generator=gen), torch.randn(2, generator=gen)]).to(cdt) \
         if case["gate"] else None
+    if case.get("channel"):
+        g = torch.nn.functional.logsigmoid(torch.randn(1, 41, 2, K, generator=gen)).to(g.dtype)
+        g[0, 3, 0, :4], g[0, 20, 1, 2] = float("-inf"), -1000.0
+        beta = torch.rand(1, 41, 2, V, generator=gen).to(beta.dtype)
     flat = [x[0].contiguous() for x in (q, k, v, g, beta)]
     outputs = []
     for programs in (torch_programs, triton_programs):

@@ -221,8 +221,13 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("short_conv_bwd_dw_kernel", short_conv_bwd_dw_kernel, dict(conv, BLOCKS=DW_BLOCKS)),
         # decode: the recurrent step (state fp32), the same with the layer's convolution in it (a decode
         # step of the layer), and the convolution cache's step
-        ("recurrent_kernel", recurrent_kernel, dict(recurrent, CONV=False, W=1, CONV_BIAS=False)),
-        ("recurrent_kernel[conv]", recurrent_kernel, dict(recurrent, CONV=True, W=4, CONV_BIAS=True)),
+        ("recurrent_kernel", recurrent_kernel, dict(recurrent, CONV=False, W=1, CONV_BIAS=False, CHANNEL=False,
+                                                    BETA_V=False)),
+        ("recurrent_kernel[conv]", recurrent_kernel,
+         dict(recurrent, CONV=True, W=4, CONV_BIAS=True, CHANNEL=False, BETA_V=False)),
+        # KDA's decode (fused_recurrent_kda): a decay per key channel, activated, and FLA's beta per value channel
+        ("recurrent_kernel[channel]", recurrent_kernel,
+         dict(recurrent, GATE=False, CONV=False, W=1, CONV_BIAS=False, CHANNEL=True, BETA_V=True)),
         ("conv_step_kernel", conv_step_kernel, dict(W=4, HAS_BIAS=True, BD=BD_STEP, ACC=tl.float32)),
     ]
 

@@ -39,7 +39,8 @@ def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state0, state, o
                      conv_in, conv_w, conv_b, conv_out, D,
                      BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
                      BETA_SCALE: tl.constexpr, QK_NORM: tl.constexpr, HAS_INITIAL: tl.constexpr, EPS: tl.constexpr,
-                     ACC: tl.constexpr, CONV: tl.constexpr, W: tl.constexpr, CONV_BIAS: tl.constexpr):
+                     ACC: tl.constexpr, CONV: tl.constexpr, W: tl.constexpr, CONV_BIAS: tl.constexpr,
+                     CHANNEL: tl.constexpr, BETA_V: tl.constexpr):
     """Grid (N * HV, cdiv(V, BV)): the state columns ``[i_v BV, (i_v + 1) BV)`` of
     one document and value head through its tokens, from ``state0`` (zeros
     without ``HAS_INITIAL``) into ``state``. With ``CONV`` (a decode step: one
@@ -48,7 +49,11 @@ def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state0, state, o
     and its cache ``conv_in``, computed here: every program of a key head's
     group recomputes that head's q and k channels (K FMAs a tap), the first
     writes their advanced window to ``conv_out``, each its own v columns', so
-    no program reads what another writes (``conv_out`` is not ``conv_in``)."""
+    no program reads what another writes (``conv_out`` is not ``conv_in``).
+    With ``CHANNEL`` (KDA) g holds a decay per key row of the state
+    ``[T, HV, K]`` (activated: no ``GATE``), with ``BETA_V`` beta one per
+    value channel ``[T, HV, V]``."""
+    tl.static_assert(not (CHANNEL and GATE), "KDA's gate is activated before the recurrence")
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H_qk)
@@ -81,13 +86,19 @@ def recurrent_kernel(q, k, v, g, beta, gate_params, doc_bounds, state0, state, o
             b_q = _normed(tl.load(q + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
             b_k = _normed(tl.load(k + (t * H_qk + i_h) * K + o_k, mask=m_k, other=0.0).to(ACC), QK_NORM, EPS)
             b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(ACC)
-        b_g = tl.load(g + t * HV + i_hv).to(ACC)
-        if GATE:
-            b_g = rate * softplus(b_g + bias)
-        b_beta = tl.load(beta + t * HV + i_hv).to(ACC)
+        if CHANNEL:  # a -inf gate is a hard reset of its key row: exp gives an exact 0
+            b_s = b_s * tl.exp(tl.load(g + (t * HV + i_hv) * K + o_k, mask=m_k, other=0.0).to(ACC))[:, None]
+        else:
+            b_g = tl.load(g + t * HV + i_hv).to(ACC)
+            if GATE:
+                b_g = rate * softplus(b_g + bias)
+            b_s = b_s * tl.exp(b_g)
+        if BETA_V:
+            b_beta = tl.load(beta + (t * HV + i_hv) * V + o_v, mask=m_v, other=0.0).to(ACC)
+        else:
+            b_beta = tl.load(beta + t * HV + i_hv).to(ACC)
         if BETA_SIGMOID:
             b_beta = tl.sigmoid(b_beta)
-        b_s = b_s * tl.exp(b_g)
         b_u = BETA_SCALE * b_beta * (b_v - tl.sum(b_s * b_k[:, None], 0))
         b_s += b_k[:, None] * b_u[None, :]
         b_o = scale * tl.sum(b_s * b_q[:, None], 0)
@@ -102,13 +113,17 @@ def recurrent(q, k, v, g, beta, gate_params, doc_bounds, initial_state, scale, *
     if N == 0:
         return
     sigmoid, beta_scale = beta_mode
+    channel = g.dim() == 3  # KDA: a decay per key channel, activated (gate_params None)
+    if channel and gate_params is not None:
+        raise ValueError("recurrent: a gate per key channel (g [BT, HV, K]) comes activated; gate_params must be None")
     # documents on axis 0 (up to 2^31 - 1 programs; axis 1 stops at 65,535)
     launch(recurrent_kernel)[(N * HV, triton.cdiv(V, BV_RECURRENT))](
         q, k, v, g, beta, pointer(gate_params, state_out), doc_bounds, pointer(initial_state, state_out), state_out,
         o_out, scale, q.shape[1], HV, K, V, state_out, state_out, state_out, state_out, 0,
         BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None, BETA_SIGMOID=sigmoid,
         BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm, HAS_INITIAL=initial_state is not None, EPS=L2NORM_EPS,
-        ACC=acc_dtype(state_out), CONV=False, W=1, CONV_BIAS=False, num_warps=NUM_WARPS,
+        ACC=acc_dtype(state_out), CONV=False, W=1, CONV_BIAS=False, CHANNEL=channel, BETA_V=beta.dim() == 3,
+        num_warps=NUM_WARPS,
     )
 
 
@@ -127,5 +142,5 @@ def decode_step(qkv, conv_state, weight, bias, g, beta, gate_params, initial_sta
         qkv.shape[1], BK=triton.next_power_of_2(K), BV=BV_RECURRENT, GATE=gate_params is not None,
         BETA_SIGMOID=sigmoid, BETA_SCALE=beta_scale, QK_NORM=use_qk_l2norm, HAS_INITIAL=initial_state is not None,
         EPS=L2NORM_EPS, ACC=acc_dtype(state_out), CONV=True, W=weight.shape[1], CONV_BIAS=bias is not None,
-        num_warps=NUM_WARPS,
+        CHANNEL=False, BETA_V=False, num_warps=NUM_WARPS,
     )
