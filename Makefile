@@ -74,7 +74,7 @@ roofline: $(VENV)/.test
 # Not CI: recompile every kernel of ours and every autotune configuration of FLA 0.5.1's for sm_90 with
 # triton 3.6 (the GPU machine's; FLA 0.5.1 does not compile on 3.9) into benchmarks/h200_facts.json.
 # Downloads fla-core 0.5.1 (with einops, which its GLA output kernel's module imports: KDA's rows) and triton 3.6.0
-# into a temporary folder; about 8 minutes on 2 cores.
+# into a temporary folder; about 10 minutes on 2 cores.
 roofline-facts: $(VENV)/.test
 	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D/fla fla-core==0.5.1 einops==0.8.2 \
 	&& $(PIP) install -q --no-deps --target $$D/triton triton==3.6.0 \
