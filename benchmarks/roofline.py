@@ -231,6 +231,36 @@ def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False
     return {"fwd": fwd, "bwd": bwd}
 
 
+def norm_launches(phase: str, s: Shape, e: Mapping[str, int]) -> list[Launch]:
+    """The q and k norms' launches (``l2_rstd_kernel``, one program per chunk and key head)."""
+    norm = Launch(phase, "l2_rstd_kernel", -(-s.T // s.C) * s.H,
+                  Work(fp32=2 * s.C * s.K, bytes=s.C * s.K * BF16 + s.C * e["q_rstd"]))
+    return [norm, norm]
+
+
+def norm_backward_launches(phase: str, s: Shape, e: Mapping[str, int]) -> list[Launch]:
+    """dq's and dk's GVA sums and norm backwards (``bwd_qk_norm_kernel``, BT_NORM rows of a key head a program)."""
+    work = Work(bytes=BT_NORM * (s.HV // s.H * s.K * e["dq_heads"] + e["q_rstd"] + 2 * s.K * BF16))
+    return [Launch(phase, "bwd_qk_norm_kernel", -(-s.T // BT_NORM) * s.H, work)] * 2
+
+
+INVERSE_STEPS = SUBSTITUTION_BLOCK - 1
+"""The WY inverse's serial steps: the half blocks' substitution, every block at once."""
+
+
+def inverse_work(C: int) -> tuple[Work, Work]:
+    """The WY inverse of one chunk from its L (either gate): the tensor-core
+    merges at 16 and 32 rows, the substitution and the exact merge at 8 (fp32);
+    and one substitution step."""
+    SB = SUBSTITUTION_BLOCK
+
+    def merges(*blocks: int) -> int:  # pairs x two products, merging blocks of each size
+        return sum(C // (2 * b) * 2 * (2 * b**3) for b in blocks)
+
+    step = Work(fp32=SOLVE_OPS * C * SB)
+    return Work(bf16=merges(INVERSE_BLOCK, 2 * INVERSE_BLOCK), fp32=INVERSE_STEPS * step.fp32 + merges(SB)), step
+
+
 def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: int = 1,
                  programs: Mapping[str, Sequence[str]] | None = None) -> list[Launch]:
     """Every Triton launch of :func:`our_programs` under ``save_mode`` with P
@@ -238,25 +268,17 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
     bytes per element of each pool (and saved tape). ``programs``: other
     program names per phase instead (a checkpointed step's, counted)."""
     C, K, V, HV, H, NC = s.C, s.K, s.V, s.HV, s.H, s.NC
-    BC, BW = INVERSE_BLOCK, walk_block(V)  # BW: the walks' value tile
+    BW = walk_block(V)  # the walks' value tile
     NW, G, n = -(-V // BW), HV // H, BF16
     F, steps = s.fragments * P, -(-s.chunks_per_fragment // P)  # walks: a program per segment, ceil(n / P) steps
     qk = 2 * C * K * n + 2 * C * e["q_rstd"]  # q and k rows of a chunk, with their norms
 
     def prep(phase: str) -> list[Launch]:
-        norm = Launch(phase, "l2_rstd_kernel", -(-s.T // C) * H,
-                      Work(fp32=2 * C * K, bytes=C * K * n + C * e["q_rstd"]))
-        SB = SUBSTITUTION_BLOCK
-        steps = SB - 1  # the half blocks' substitution, every block at once
-
-        def merges(*blocks: int) -> int:  # pairs x two products, merging blocks of each size
-            return sum(C // (2 * b) * 2 * (2 * b**3) for b in blocks)
-
-        inverse = Work(bf16=2 * C * C * K + merges(BC, 2 * BC),  # L, the tensor-core merges at 16 and 32
-                       fp32=steps * SOLVE_OPS * C * SB + merges(SB),  # substitution, the exact merge at 8
-                       bytes=C * K * n + C * e["k_rstd"] + 2 * C * n + C * C * e["A"])
-        return [norm, norm, Launch(phase, "wy_inverse_kernel", NC * HV, inverse, steps,
-                                   Work(fp32=SOLVE_OPS * C * SB)), *w_u(phase)]
+        solve, step = inverse_work(C)
+        inverse = solve + Work(bf16=2 * C * C * K,  # L
+                               bytes=C * K * n + C * e["k_rstd"] + 2 * C * n + C * C * e["A"])
+        return [*norm_launches(phase, s, e), Launch(phase, "wy_inverse_kernel", NC * HV, inverse, INVERSE_STEPS, step),
+                *w_u(phase)]
 
     def w_u(phase: str) -> list[Launch]:
         work = Work(bf16=2 * C * C * K + 2 * C * C * V,
@@ -331,14 +353,10 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
     def bwd_gate_cumsum(phase: str) -> list[Launch]:
         return [Launch(phase, "bwd_gate_cumsum_kernel", NC * HV, Work(bytes=C * e["dgcum"] + C * n))]
 
-    def bwd_qk_norm(phase: str) -> list[Launch]:
-        work = Work(bytes=BT_NORM * (G * K * e["dq_heads"] + e["q_rstd"] + 2 * K * n))
-        return [Launch(phase, "bwd_qk_norm_kernel", -(-s.T // BT_NORM) * H, work)] * 2  # dq, dk
-
     by_name = {"prep": prep, "w_u": w_u, "tape_walk": tape_walk, "output": output, "scores": scores,
                 "walk_output": walk_output, "bwd_local_dv": bwd_local_dv,
                 "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
-                "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm,
+                "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": lambda phase: norm_backward_launches(phase, s, e),
                 "segment_summary": segment_summary, "adjoint_segment_summary": adjoint_segment_summary,
                 "compose_segments": lambda phase: compose("compose_segments_kernel", phase),
                 "compose_adjoints": lambda phase: compose("compose_adjoints_kernel", phase)}
@@ -393,26 +411,15 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", p
         return Work(tf32=2 * anchored, fp32=pairs * pull_ops + NB * C * K * DECAY_OPS)
 
     def wy_inverse(phase: str) -> list[Launch]:
-        SB = SUBSTITUTION_BLOCK
-
-        def merges(*blocks: int) -> int:
-            return sum(C // (2 * b) * 2 * (2 * b**3) for b in blocks)
-
-        work = products(bf16=merges(INVERSE_BLOCK, 2 * INVERSE_BLOCK),
-                        fp32=(SB - 1) * SOLVE_OPS * C * SB + merges(SB),
-                        bytes=C * K * n + C * e["k_rstd"] + C * n + g + C * C * e["A"])
-        return [Launch(phase, "channel_wy_inverse_kernel", NC * HV, work, SB - 1, Work(fp32=SOLVE_OPS * C * SB))]
+        solve, step = inverse_work(C)
+        work = products(bytes=C * K * n + C * e["k_rstd"] + C * n + g + C * C * e["A"]) + solve
+        return [Launch(phase, "channel_wy_inverse_kernel", NC * HV, work, INVERSE_STEPS, step)]
 
     def w_u(phase: str) -> list[Launch]:
         work = Work(bf16=2 * C * C * K + 2 * C * C * V, fp32=C * K * DECAY_OPS,
                     bytes=C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * n + g + C * V * n
                     + C * K * e["w"] + C * V * e["v_new"])
         return [Launch(phase, "prep_kernel[channel]", NC * HV, work)]
-
-    def norms(phase: str) -> list[Launch]:
-        norm = Launch(phase, "l2_rstd_kernel", -(-s.T // C) * s.H,
-                      Work(fp32=2 * C * K, bytes=C * K * n + C * e["q_rstd"]))
-        return [norm, norm]
 
     def tape_walk(phase: str) -> list[Launch]:
         step = Work(bf16=2 * (2 * C * K * BW), fp32=C * K * DECAY_OPS,
@@ -459,14 +466,10 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", p
     def bwd_gate_cumsum(phase: str) -> list[Launch]:
         return [Launch(phase, "bwd_gate_cumsum_channel_kernel", NC * HV, Work(bytes=C * K * (e["dgcum"] + n)))]
 
-    def bwd_qk_norm(phase: str) -> list[Launch]:
-        work = Work(bytes=BT_NORM * (HV // s.H * K * e["dq_heads"] + e["q_rstd"] + 2 * K * n))
-        return [Launch(phase, "bwd_qk_norm_kernel", -(-s.T // BT_NORM) * s.H, work)] * 2
-
-    by_name = {"prep": lambda phase: [*norms(phase), *wy_inverse(phase), *w_u(phase)], "w_u": w_u,
+    by_name = {"prep": lambda phase: [*norm_launches(phase, s, e), *wy_inverse(phase), *w_u(phase)], "w_u": w_u,
                "tape_walk": tape_walk, "output": output, "scores": scores, "walk_output": walk_output,
                "bwd_local_dv": bwd_local_dv, "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
-               "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": bwd_qk_norm}
+               "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": lambda phase: norm_backward_launches(phase, s, e)}
     phases = our_programs(save_mode, K)
     return [launch for phase, names in phases.items() for name in names for launch in by_name[name](phase)]
 
