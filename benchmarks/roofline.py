@@ -238,10 +238,11 @@ def norm_launches(phase: str, s: Shape, e: Mapping[str, int]) -> list[Launch]:
     return [norm, norm]
 
 
-def norm_backward_launches(phase: str, s: Shape, e: Mapping[str, int]) -> list[Launch]:
-    """dq's and dk's GVA sums and norm backwards (``bwd_qk_norm_kernel``, BT_NORM rows of a key head a program)."""
+def norm_backward_launches(phase: str, s: Shape, e: Mapping[str, int], variant: str = "") -> list[Launch]:
+    """dq's and dk's GVA sums and norm backwards (``bwd_qk_norm_kernel``, BT_NORM rows of a key head a
+    program; ``variant``: ``"[channel]"`` for KDA's, whose per-value-head dq and dk are fp32)."""
     work = Work(bytes=BT_NORM * (s.HV // s.H * s.K * e["dq_heads"] + e["q_rstd"] + 2 * s.K * BF16))
-    return [Launch(phase, "bwd_qk_norm_kernel", -(-s.T // BT_NORM) * s.H, work)] * 2
+    return [Launch(phase, "bwd_qk_norm_kernel" + variant, -(-s.T // BT_NORM) * s.H, work)] * 2
 
 
 INVERSE_STEPS = SUBSTITUTION_BLOCK - 1
@@ -469,7 +470,8 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", p
     by_name = {"prep": lambda phase: [*norm_launches(phase, s, e), *wy_inverse(phase), *w_u(phase)], "w_u": w_u,
                "tape_walk": tape_walk, "output": output, "scores": scores, "walk_output": walk_output,
                "bwd_local_dv": bwd_local_dv, "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
-               "bwd_gate_cumsum": bwd_gate_cumsum, "bwd_qk_norm": lambda phase: norm_backward_launches(phase, s, e)}
+               "bwd_gate_cumsum": bwd_gate_cumsum,
+               "bwd_qk_norm": lambda phase: norm_backward_launches(phase, s, e, "[channel]")}
     phases = our_programs(save_mode, K)
     return [launch for phase, names in phases.items() for name in names for launch in by_name[name](phase)]
 

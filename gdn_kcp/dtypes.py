@@ -54,15 +54,33 @@ final state, 8e-3 for dq / dk / dv). The gate cumsums and their gradient, q/k
 norms, states and boundary messages stay in the compute dtype."""
 
 
+CHANNEL_COMPUTE_BUFFERS = ("dq_heads", "dk_heads")
+"""Of :data:`INPUT_DTYPE_BUFFERS`, those a call with a gate per key channel
+(KDA, ``OptionsKcp.gate="channel"``) keeps in the compute dtype: the
+per-value-head dq and dk, as FLA's KDA backward keeps its dq and dk in fp32.
+Rounded to bf16 after ``bwd_dqkwg``, again after ``bwd_wy`` added its terms,
+and summed over the value heads of a key head from rounded terms, they were
+up to 1.2x FLA's kernels' error: on FLA's KDA grid at bf16 (error ratio x 1e-3,
+tests/precision_grid.py, bf16 -> fp32 buffers; FLA 0.5.1's kernels,
+tools/fla_kda_errors.py) dk 5.06 -> 4.42 (FLA 4.42) on B1 T63, dk 6.02 -> 5.45
+on B2 T500 H3, and on B2 T1024 H2 HV4 dq 6.35 -> 5.31, dk 5.29 -> 4.36;
+every other figure unchanged. dw in fp32 changed no figure, so it stays in
+the input dtype. GDN's calls keep all three in the input dtype (their
+figures are within 1.05x of FLA's already: docs/testing.md)."""
+
+
 INDEX_BUFFERS = ("seg_index",)
 """int32 pools: the segment tables (:mod:`gdn_kcp.kernels.segments`)."""
 
 
-def buffer_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype of workspace pool or saved tensor ``name`` for ``dtype`` inputs."""
+def buffer_dtype(name: str, dtype: torch.dtype, *, channel: bool = False) -> torch.dtype:
+    """The dtype of workspace pool or saved tensor ``name`` for ``dtype`` inputs
+    (``channel``: of a call with a gate per key channel, KDA's)."""
     if name in INDEX_BUFFERS:
         return torch.int32
-    return check_input_dtype(dtype) if name in INPUT_DTYPE_BUFFERS else compute_dtype(dtype)
+    if name in INPUT_DTYPE_BUFFERS and not (channel and name in CHANNEL_COMPUTE_BUFFERS):
+        return check_input_dtype(dtype)
+    return compute_dtype(dtype)
 
 
 def compute_element_size(dtype: torch.dtype) -> int:

@@ -480,8 +480,8 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
         backend.adjoint_segment_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
                                         nu_out=out["segment_nu"], **norms)
         for name, pool in (("dq", "dq_heads"), ("dk", "dk_heads"), ("dw", "dw"), ("dg", "")):
-            out[name] = torch.full((f.T, HV, K), float("nan"), dtype=buffer_dtype(pool, dtype) if pool else f.cdt,
-                                   device=device)
+            out[name] = torch.full((f.T, HV, K), float("nan"), device=device,
+                                   dtype=buffer_dtype(pool, dtype, channel=True) if pool else f.cdt)
         backend.bwd_dqkwg(q, k, g, h, v_new, do, dh, dv_new, index, gate_params=params, scale=scale,
                           dq_out=out["dq"], dk_out=out["dk"], dw_out=out["dw"], dg_out=out["dg"], **norms)
         # bwd_wy adds its dk and dg into accumulators: from zero, its own terms alone

@@ -166,12 +166,43 @@ ABOVE_FLA = 0.05
 ABOVE_FLA_FP16_ABS = 5e-5
 
 
+FLA_KDA_ORDER = ("o", "ht", "dq", "dk", "dv", "db", "dg", "dh0", "dA", "dbias")
+FLA_KDA_KERNEL_ERRORS = {
+    # fla-core 0.5.1's Triton chunk_kda under triton 3.6's interpreter (tools/fla_kda_errors.py: bf16
+    # arithmetic emulated, fp32 products read as tf32 as sm_90's tensor cores read them), against the same
+    # reference, x 1e-3, in the order of FLA_KDA_ORDER (None: no such gradient in the case)
+    (KDA_GRID[0], torch.bfloat16): (2.62, 1.94, 4.83, 4.42, 3.59, 2.34, 2.40, 3.07, None, None),
+    (KDA_GRID[1], torch.bfloat16): (2.71, 1.98, 5.19, 5.42, 3.57, 2.85, 3.48, 3.20, None, None),
+    (KDA_GRID[2], torch.bfloat16): (2.65, 2.12, 4.97, 5.10, 4.37, 4.28, 2.73, 3.26, None, None),
+    (KDA_GRID[8], torch.bfloat16): (2.78, 2.11, 5.31, 4.48, 3.74, 2.94, 2.71, 3.32, None, None),
+    (KDA_GRID[9], torch.bfloat16): (2.83, 2.35, 4.75, 5.31, 5.07, 4.86, 2.77, 4.82, 6.33, 2.25),
+    (KDA_GRID[0], torch.float16): (0.34, 0.25, 0.55, 0.58, 0.46, 0.39, 0.37, 0.40, None, None),
+    (KDA_GRID[1], torch.float16): (0.34, 0.25, 0.66, 0.68, 0.45, 0.36, 0.59, 0.43, None, None),
+    (KDA_GRID[8], torch.float16): (0.35, 0.26, 0.65, 0.58, 0.47, 0.36, 0.37, 0.43, None, None),
+}
+"""FLA's own KDA kernels' error ratios on the KDA cases measured (x 1e-3)."""
+KDA_ABOVE_FLA = {
+    (KDA_GRID[1], torch.float16): "dg 0.68e-3 against FLA's 0.59e-3 (limit 0.64e-3): the tf32 pulls of bwd_dqkwg "
+                                  "(exact, 0.48e-3); docs/testing.md",
+}
+"""The KDA figures known to be more than 5 % above FLA's kernels' (open; docs/testing.md)."""
+
+
+def fla_figures(case: Case, dtype: torch.dtype) -> dict[str, float] | None:
+    """FLA's kernels' figures on the case, x 1e-3, by name (None: not measured)."""
+    if (case, dtype) in FLA_KERNEL_ERRORS:
+        return dict(zip(FLA_ORDER, FLA_KERNEL_ERRORS[case, dtype]))
+    if (case, dtype) in FLA_KDA_KERNEL_ERRORS:
+        return {n: x for n, x in zip(FLA_KDA_ORDER, FLA_KDA_KERNEL_ERRORS[case, dtype]) if x is not None}
+    return None
+
+
 def fla_limit(case: Case, dtype: torch.dtype, name: str) -> float | None:
     """The most a figure may be, given FLA's kernels' on the case (None: not measured)."""
-    figures = FLA_KERNEL_ERRORS.get((case, dtype))
-    if figures is None:
+    figures = fla_figures(case, dtype)
+    if figures is None or name not in figures:
         return None
-    fla = figures[FLA_ORDER.index(name)] * 1e-3
+    fla = figures[name] * 1e-3
     if dtype == torch.float16:
         return max(fla * (1 + ABOVE_FLA), fla + ABOVE_FLA_FP16_ABS)
     return fla * (1 + ABOVE_FLA)
@@ -335,8 +366,8 @@ def row(case: Case, dtype: torch.dtype, backend: str, found: dict[str, tuple[flo
             continue
         ratio, largest = found[name]
         cell = f"{ratio * 1e3:.2f}" if largest > ABS_PASS else f"({ratio * 1e3:.2f})"
-        figures = FLA_KERNEL_ERRORS.get((case, dtype))
-        cells.append(cell + (f" / {figures[FLA_ORDER.index(name)]:.2f}" if figures else ""))
+        figures = fla_figures(case, dtype)
+        cells.append(cell + (f" / {figures[name]:.2f}" if figures and name in figures else ""))
     dt = str(dtype).removeprefix("torch.")
     return f"| {case.name} | {dt} | {backend} | " + " | ".join(cells) + " |"
 

@@ -17,7 +17,8 @@ import os
 import pytest
 import torch
 from gdn_inputs import rel_rms
-from precision_grid import GRID, NAMES, TOLERANCE, TRITON_CASES, Case, failures, figures, make_inputs, reference, row
+from precision_grid import (FLA_KDA_KERNEL_ERRORS, GRID, KDA_ABOVE_FLA, NAMES, TOLERANCE, TRITON_CASES, Case, failures,
+                            figures, make_inputs, reference, row)
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -61,6 +62,23 @@ def test_torch_programs(case, dtype):
 def test_triton_programs(case, dtype):
     pytest.importorskip("triton")
     check(case, dtype, "triton")
+
+
+def _kda_param(case, dtype):
+    known = KDA_ABOVE_FLA.get((case, dtype))
+    marks = [pytest.mark.xfail(reason=known, strict=True)] if known else []
+    return pytest.param(case, dtype, id=f"{case.name}-{dtype}", marks=marks)
+
+
+@pytest.mark.parametrize(("case", "dtype"), [_kda_param(c, d) for c, d in FLA_KDA_KERNEL_ERRORS])
+def test_kda_torch_programs_within_flas_kernels(case, dtype):
+    """KDA (``chunk_kda``, the torch programs) on the cases where FLA's own KDA
+    kernels were measured: every output and gradient within the fixed
+    tolerance and at most 5 % above FLA's error (fp16: or 5e-5). A known
+    excess is a strict xfail, so mending it shows here."""
+    found = figures(case, dtype, "torch")
+    print(row(case, dtype, "torch", found))
+    assert not failures(case, dtype, found), (case.name, str(dtype), failures(case, dtype, found))
 
 
 def test_tolerances_are_the_stated_ones():

@@ -234,7 +234,7 @@ def test_kda_launches_counted_by_hand():
     assert names == {"l2_rstd_kernel", "channel_wy_inverse_kernel", "prep_kernel[channel]", "channel_scores_kernel",
                      "walk_output_kernel[channel]", "tape_walk_kernel[channel]", "bwd_local_dv_kernel[channel]",
                      "adjoint_walk_kernel[channel]", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel[channel]",
-                     "bwd_gate_cumsum_channel_kernel", "bwd_qk_norm_kernel"}
+                     "bwd_gate_cumsum_channel_kernel", "bwd_qk_norm_kernel[channel]"}
     assert names <= set(roofline.load_facts()["ours"])
     fewer = roofline.our_kda_launches(TINY, POOLS, pair_ops=0, pull_ops=0)
     assert launch_of(fewer, "channel_scores_kernel").work.fp32 == 4 * 64 * 16 * decay

@@ -37,7 +37,7 @@ WITH_PRODUCTS = {"wy_inverse_kernel", "prep_kernel", "tape_walk_kernel", "summar
                  "bwd_dqkwg_kernel", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel", "bwd_wy_kernel[channel]",
                  "segment_summary_kernel", "segment_summary_kernel[channel]", "adjoint_segment_summary_kernel",
                  "adjoint_segment_summary_kernel[channel]"} | EXACT_PRODUCTS
-N_KERNELS = 45
+N_KERNELS = 46
 DECODE_KERNELS = "recurrent_kernel,recurrent_kernel[conv],recurrent_kernel[channel],conv_step_kernel"
 
 

@@ -53,6 +53,11 @@ MET: dict[tuple[str, str, str], int] = {}
 """``(operation, operand dtypes, FLA's file:line or ''): count`` of every ``tl.dot`` and every operation
 on bf16 tiles the interpreter ran (:func:`patch_bf16`; the line with ``--sites``)."""
 SITES = False
+TF32_DOTS = True
+"""A ``tl.dot`` of fp32 tiles at input precision ``tf32`` (the default, which FLA's KDA kernels take,
+and on a GPU with tf32 its inverse's ``SOLVE_TRIL_DOT_PRECISION`` too) reads its operands as tf32, as
+sm_90's tensor cores do; ``--exact-fp32-dots`` keeps the interpreter's exact fp32 products and FLA's
+ieee inverse (the figures before this flag)."""
 
 
 def _met(kind: str, operands: str) -> None:
@@ -88,8 +93,17 @@ def patch_bf16() -> None:
     B = InterpreterBuilder
     dot, cast, binary, unary, fma = B.create_dot, B.cast_impl, B.binary_op, B.unary_op, B.create_fma
 
+    def tf32(h):  # fp32 rounded to tf32's 10 mantissa bits (to nearest, ties away: kernels.precision)
+        bits = h.data.view(np.uint32)
+        out = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+        return TensorHandle(np.where(np.isfinite(h.data), out, h.data), tl.float32)
+
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        _met("tl.dot", f"{a.dtype.scalar} x {b.dtype.scalar}")
+        fp32 = a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32
+        read_as = "tf32" if fp32 and TF32_DOTS and "TF32" == getattr(input_precision, "name", input_precision) else ""
+        _met("tl.dot", f"{a.dtype.scalar} x {b.dtype.scalar}" + (f" as {read_as}" if read_as else ""))
+        if read_as:
+            a, b = tf32(a), tf32(b)
         return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     def cast_impl(self, src, dst_type):
@@ -192,9 +206,12 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print KDA_GRID's indices and cases, then stop")
     parser.add_argument("--sites", action="store_true",
                         help="also list every tl.dot and bf16 operation run, by FLA's file:line (slower)")
+    parser.add_argument("--exact-fp32-dots", action="store_true",
+                        help="fp32 tl.dot operands exact, not read as tf32 (a GPU reads them as tf32)")
     args = parser.parse_args()
-    global SITES
+    global SITES, TF32_DOTS
     SITES = args.sites
+    TF32_DOTS = not args.exact_fp32_dots
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     if args.site:
         sys.path.insert(0, args.site)
@@ -215,6 +232,10 @@ def main() -> int:
     widest_token_parallel()
     patch_bf16()
     import fla
+    import fla.utils
+
+    # on sm_90 FLA's WY inverse takes tf32 products (SOLVE_TRIL_DOT_PRECISION, read at import); without a GPU ieee
+    fla.utils.IS_TF32_SUPPORTED = TF32_DOTS
     from fla.ops.kda import chunk_kda
 
     print(f"fla-core {fla.__version__}, triton {triton.__version__} (interpreter), torch {torch.__version__}; "

@@ -214,6 +214,7 @@ def _all_mutants() -> list[Mutant]:
         *shape_mutants(layout, "gdn_state_layout_kcp", "shapes"),
         *element_mutants(ROOT / "gdn_kcp" / "dtypes.py", "INPUT_DTYPE_BUFFERS"),
         *element_mutants(ROOT / "gdn_kcp" / "dtypes.py", "INDEX_BUFFERS"),
+        *element_mutants(ROOT / "gdn_kcp" / "dtypes.py", "CHANNEL_COMPUTE_BUFFERS"),
         # the copy imports kernels/ as gdn_kcp/kernels (copy_checkout)
         *binop_mutants(ROOT / "gdn_kcp" / "kernels" / "segments.py",
                        {"capped_summary_rows", "table_elements", "summary_rows", "summary_row_counts"},

@@ -3,9 +3,11 @@
 A KDA call runs GDN's host path with a gate per key channel
 (``OptionsKcp.gate="channel"``), so each ``kda_*`` query is its ``gdn_*``
 query on those options: the same arguments, the same truth. What differs is
-one pool, the gate-cumsum gradient ``dgcum`` (``[T, HV, K]`` against
-``[T, HV]``, compute dtype); the summaries, states, tapes and traffic have
-GDN's shapes (``M`` is K x K either way, docs/design.md).
+the backward's gate-cumsum gradient ``dgcum`` (``[T, HV, K]`` against
+``[T, HV]``, compute dtype) and its per-value-head ``dq_heads`` and
+``dk_heads``, in the compute dtype where GDN's are in the input dtype
+(``gdn_kcp.dtypes.CHANNEL_COMPUTE_BUFFERS``); the summaries, states, tapes and
+traffic have GDN's shapes (``M`` is K x K either way, docs/design.md).
 
     kda_workspace_bytes_kcp(ctx, 16, 32, 128, 128, dtype=torch.bfloat16)
 """

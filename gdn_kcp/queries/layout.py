@@ -201,10 +201,15 @@ def place_pools(events, sizes: Mapping[str, int], graph: bool, target: int) -> d
     return offsets
 
 
+def _dtype(name: str, d: Dims) -> torch.dtype:
+    """Pool or saved tensor ``name``'s dtype in a call of ``d`` (KDA's: ``options.gate == "channel"``)."""
+    return buffer_dtype(name, d.dtype, channel=d.options.gate == "channel")
+
+
 def _call_layout(call: str, events, d: Dims) -> CallLayout:
     shapes = pool_shapes(d)
     bound = {name for kind, name in events if kind == "bind"}
-    dtypes = {name: buffer_dtype(name, d.dtype) for name in bound}
+    dtypes = {name: _dtype(name, d) for name in bound}
     sizes = {name: align(tensor_nbytes(shapes[name], dtypes[name])) for name in bound}
     graph = d.options.graph == "replay"
     phases = phase_peaks(events, sizes, graph)
@@ -328,8 +333,7 @@ def kernel_saved_layout(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=Non
     without the layer's ``conv_halo``."""
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
     return {
-        name: SavedSpec(shape=shape, dtype=buffer_dtype(name, d.dtype),
-                        nbytes=tensor_nbytes(shape, buffer_dtype(name, d.dtype)))
+        name: SavedSpec(shape=shape, dtype=_dtype(name, d), nbytes=tensor_nbytes(shape, _dtype(name, d)))
         for name, shape in saved_shapes(d).items()
     }
 

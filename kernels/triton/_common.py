@@ -299,8 +299,12 @@ def channel_gates(g, gate_params, tok, m_t, HV, h, K, col0, BKS: tl.constexpr, G
     m = m_t[:, None] & (o_d[None, :] < K)
     x = tl.load(g + (tok[:, None] * HV + h) * K + o_d[None, :], mask=m, other=0.0).to(ACC)
     if GATE:
-        rate = tl.load(gate_params + h * K + o_d, mask=o_d < K, other=0.0).to(ACC)
-        bias = tl.load(gate_params + (HV + h) * K + o_d, mask=o_d < K, other=0.0).to(ACC)
+        # volatile: not hoisted out of a walk's chunk loop, where every call's rate and bias vectors
+        # stayed live across the loop: the adjoint walk spilled 52 B per thread, 0 volatile (252
+        # registers), and every other channel kernel holds as many registers or up to 21 fewer
+        # (sm_90, K = V = 128, triton 3.9; compile_specs --report)
+        rate = tl.load(gate_params + h * K + o_d, mask=o_d < K, other=0.0, volatile=True).to(ACC)
+        bias = tl.load(gate_params + (HV + h) * K + o_d, mask=o_d < K, other=0.0, volatile=True).to(ACC)
         x = tl.where(m, rate[None, :] * softplus(x + bias[None, :]), 0.0)
     return x
 

@@ -9,22 +9,16 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, launch, mm_mode, pointer, store_state_halves,
-                      value_block)
+from ._common import BT, acc_dtype, chunk_tokens, frag_info, head_block, launch, mm_mode, pointer, store_state_halves
+from .adjoint_summary import adjoint_value_block, stages
 from .adjoint_walk import gated_adjoint_chunk
 
 
 NUM_WARPS = 8
 """Warps per program of the kernel with matrix products (see compile_specs --report)."""
 NUM_STAGES = 3
-"""Pipeline stages (Triton's default)."""
-
-
-def stages(constexprs) -> int:
-    """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
-    one for a gate per key channel at key tiles past 128, as the adjoint
-    summary's (``adjoint_summary.stages``: its gate tiles fill shared memory)."""
-    return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
+"""Pipeline stages (Triton's default); with a gate per key channel the
+adjoint summary's rule (``adjoint_summary.stages``), as its value tiles."""
 
 
 @triton.jit
@@ -73,8 +67,8 @@ def adjoint_segment_summary(
         return
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
-    BV = value_block(V)
     channel = g.dim() == 3
+    BV = adjoint_value_block(K, V, channel)
     launch(adjoint_segment_summary_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table, nu_out, scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,

@@ -9,8 +9,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
+from . import adjoint_walk
 from ._common import (BT, acc_dtype, chunk_tokens, frag_info, head_block, launch, load_state_halves, mm_mode, pointer,
-                      store_state_halves, value_block)
+                      store_state_halves, value_block, walk_block)
 from .adjoint_walk import gated_adjoint_chunk
 
 
@@ -21,12 +22,20 @@ NUM_STAGES = 3
 
 
 def stages(constexprs) -> int:
-    """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
-    one for a gate per key channel at key tiles past 128 (as
-    ``adjoint_walk.stages``): at K = V = 256 three stages want 254,484 B of
-    shared memory (sm_90's limit: 232,448), one 57,344 B, and spills 340 B
-    per thread, GDN's adjoint summary 368 at three (bf16, triton 3.9)."""
-    return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
+    """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, or
+    with a gate per key channel the adjoint walk's (``adjoint_walk.stages``:
+    one at key tiles past 128), whose chunk step it runs."""
+    return adjoint_walk.stages(constexprs) if constexprs["CHANNEL"] else NUM_STAGES
+
+
+def adjoint_value_block(K: int, V: int, channel: bool) -> int:
+    """Value tiles of the adjoint summaries: ``value_block``, or with a gate
+    per key channel and key tiles up to 128 the adjoint walk's
+    (``walk_block``). At K = V = 128, 64 columns and three stages they
+    spilled 84 B per thread (44 before the gate parameters' loads were
+    volatile), at 32 and two none, 208 registers; at 256 (one stage) 32
+    columns spill 592 B and 64 412 (sm_90, bf16, triton 3.9)."""
+    return walk_block(V) if channel and head_block(K) <= 128 else value_block(V)
 
 
 @triton.jit
@@ -80,8 +89,8 @@ def adjoint_summary(
     has_final = d_final_state is not None and d_final_state.shape[0] > 0
     H_qk, K = q.shape[1], q.shape[2]
     HV, V = do.shape[1], do.shape[2]
-    BV = value_block(V)
     channel = g.dim() == 3
+    BV = adjoint_value_block(K, V, channel)
     launch(adjoint_summary_kernel)[(HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, scale, index.n_chunks,

@@ -35,7 +35,7 @@ from triton.backends.compiler import BaseBackend, GPUTarget
 
 from ._common import BT, head_block, value_block, walk_block
 from .adjoint_segment_summary import adjoint_segment_summary_kernel
-from .adjoint_summary import adjoint_summary_kernel
+from .adjoint_summary import adjoint_summary_kernel, adjoint_value_block
 from .adjoint_walk import adjoint_walk_kernel
 from .bwd_dqkwg import BKS_DQKWG, BV_DQKWG, bwd_dqkwg_kernel
 from .bwd_gate_cumsum import BK_CHANNEL as BK_GATE_CHANNEL, bwd_gate_cumsum_channel_kernel, bwd_gate_cumsum_kernel
@@ -94,6 +94,14 @@ INPUT_POINTERS = {
     "recurrent_kernel": {"q", "k", "v", "g", "beta", "o", "conv_in", "conv_w", "conv_b", "conv_out"},
     "conv_step_kernel": {"x", "state", "w", "b", "y", "state_out"},
 }
+CHANNEL_COMPUTE_POINTERS = {
+    "bwd_dqkwg_kernel": {"dq", "dk"},
+    "bwd_wy_kernel": {"dk_acc"},
+    "bwd_qk_norm_kernel": {"dy_heads"},
+}
+"""Of ``INPUT_POINTERS``, the pointers a ``[channel]`` configuration (KDA's)
+takes in fp32: the per-value-head dq and dk
+(``gdn_kcp.dtypes.CHANNEL_COMPUTE_BUFFERS``)."""
 WRITES = {
     "l2_rstd_kernel": {"rstd"},
     "wy_inverse_kernel": {"A_out"},
@@ -189,7 +197,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("adjoint_walk_kernel", adjoint_walk_kernel, dict(adjoint, CHANNEL=False)),
         ("adjoint_walk_kernel[channel]", adjoint_walk_kernel, dict(adjoint, CHANNEL=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, dict(walk, CHANNEL=False)),
-        ("adjoint_summary_kernel[channel]", adjoint_summary_kernel, dict(walk, CHANNEL=True)),
+        ("adjoint_summary_kernel[channel]", adjoint_summary_kernel,
+         dict(walk, BV=adjoint_value_block(K, V, True), CHANNEL=True)),
         ("segment_summary_kernel", segment_summary_kernel,
          dict(walk, BV=walk_block(V + K), HAS_U=True, CHANNEL=False)),
         ("segment_summary_kernel[channel]", segment_summary_kernel,
@@ -201,7 +210,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
          dict(compose, BV=min(BV_COMPOSE, value_block(K)), HAS_INITIAL=False, HAS_S_IN=False, HAS_START=False,
               HAS_FINAL=False, HAS_OUT=True, LAST_ONLY=True, IS_M=True)),
         ("adjoint_segment_summary_kernel", adjoint_segment_summary_kernel, dict(walk, CHANNEL=False)),
-        ("adjoint_segment_summary_kernel[channel]", adjoint_segment_summary_kernel, dict(walk, CHANNEL=True)),
+        ("adjoint_segment_summary_kernel[channel]", adjoint_segment_summary_kernel,
+         dict(walk, BV=adjoint_value_block(K, V, True), CHANNEL=True)),
         ("compose_adjoints_kernel", compose_adjoints_kernel,
          dict(compose, HAS_FINAL=True, HAS_LAM=True, HAS_END=True, HAS_OUT=False, FIRST_ONLY=False)),
         ("bwd_dqkwg_kernel", bwd_dqkwg_kernel,
@@ -216,6 +226,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("bwd_gate_cumsum_channel_kernel", bwd_gate_cumsum_channel_kernel,
          dict(BT=BT, BK=min(BK_GATE_CHANNEL, BK), ACC=tl.float32)),
         ("bwd_qk_norm_kernel", bwd_qk_norm_kernel, dict(BT=BT_NORM, BK=BK, HAS_NORM=True, ACC=tl.float32)),
+        # KDA's: the per-value-head dq and dk in fp32 (CHANNEL_COMPUTE_POINTERS)
+        ("bwd_qk_norm_kernel[channel]", bwd_qk_norm_kernel, dict(BT=BT_NORM, BK=BK, HAS_NORM=True, ACC=tl.float32)),
         ("short_conv_fwd_kernel", short_conv_fwd_kernel, conv),
         ("short_conv_bwd_dx_kernel", short_conv_bwd_dx_kernel, conv),
         ("short_conv_bwd_dw_kernel", short_conv_bwd_dw_kernel, dict(conv, BLOCKS=DW_BLOCKS)),
@@ -271,6 +283,13 @@ def launch_options(kernel, constexprs: dict) -> dict:
     return options
 
 
+def input_pointers(name: str) -> set[str]:
+    """The pointers of configuration ``name`` in the input dtype (``INPUT_POINTERS``,
+    less ``CHANNEL_COMPUTE_POINTERS`` in a ``[channel]`` one)."""
+    inputs = INPUT_POINTERS[kernel_of(name)]
+    return inputs - CHANNEL_COMPUTE_POINTERS.get(kernel_of(name), set()) if name.endswith("[channel]") else inputs
+
+
 def kernel_of(name: str) -> str:
     """The kernel a row of :func:`kernels` names: a configuration's
     ``kernel[variant]`` is ``kernel``, as the profiler names its launches."""
@@ -301,7 +320,7 @@ def source(name: str, kernel, constexprs: dict, K: int, V: int) -> triton.compil
     256 B per thread of spills (triton 3.6), with it 178 and none, since the
     rows' addresses are then known to be 16-byte aligned. Other ints stay
     unspecialised (a stream's counts vary per call)."""
-    inputs = INPUT_POINTERS[kernel_of(name)]
+    inputs = input_pointers(name)
     ints = shape_ints(name, K, V)
     signature, attrs = {}, {}
     for i, param in enumerate(kernel.params):

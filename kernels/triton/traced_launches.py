@@ -43,7 +43,7 @@ from collections.abc import Iterator
 import torch
 import triton
 
-from .compile_specs import FLOATS, INDEX_TABLES, INPUT_POINTERS, INTS, kernel_of, kernels
+from .compile_specs import FLOATS, INDEX_TABLES, INTS, input_pointers, kernels
 
 
 class _StubDriver:
@@ -86,8 +86,7 @@ def _argument(kernel_name: str, name: str):
         return torch.zeros(64, dtype=torch.int32)
     if name == "doc_bounds":
         return torch.zeros(64, dtype=torch.int64)
-    inputs = INPUT_POINTERS[kernel_of(kernel_name)]
-    return torch.zeros(64, dtype=torch.bfloat16 if name in inputs else torch.float32)
+    return torch.zeros(64, dtype=torch.bfloat16 if name in input_pointers(kernel_name) else torch.float32)
 
 
 def kernel_writes(K: int = 128, V: int = 128) -> dict[str, list[str]]:
