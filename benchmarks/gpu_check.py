@@ -39,7 +39,7 @@ STAGES = {  # name: (module, cap in seconds on the GPU, in --quick)
     "kda": ("gpu_stages", 60, False),  # KDA against FLA's chunk_kda: its first call runs its autotuners
     "lowering": ("gpu_capture", 90, False),  # Inductor compiles the traced host path's forward and backward
     "segments": ("gpu_stages", 35, False),
-    "decode": ("gpu_stages", 20, False),
+    "decode": ("gpu_stages", 30, False),  # GDN's layer, then KDA's
     "profile": ("gpu_stages", 20, False),
     "cute": ("gpu_stages", 45, False),  # CuTe DSL programs, not yet run on a GPU: last, its own cap (4 compiles)
 }
@@ -56,7 +56,7 @@ REQUIRED = {
     "kda": ("ms", "model_ms"),
     "lowering": ("relative_rms_vs_eager", "calls_gdn_kcp_op", "triton_launches_in_code", "traced_ms", "pass"),
     "segments": (),
-    "decode": ("decode_vs_full_relative_rms", "decode_step_ms"),
+    "decode": ("decode_vs_full_relative_rms", "decode_step_ms", "kda_decode_vs_full_relative_rms", "kda_decode_step_ms"),
     "profile": ("kernel_ms", "kernel_tflops"),
     "cute": ("compile", "max_relative_error", "ms", "limit", "pass"),
 }

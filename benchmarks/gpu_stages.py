@@ -345,17 +345,32 @@ def segment_times(s: Setup, heads: tuple[int, int]) -> dict:
 
 def decode(results, s: Setup):
     """Our GatedDeltaNet at FLA's layer head sizes (head_dim 256, expand_v 2: K =
-    256, V = 512): a prefill and 16 decode steps against the full forward, the
-    time per decode step (B = 8 rows), and, when flash-linear-attention's layer
-    imports, the same state dict in FLA's layer: its forward and its own
-    prefill + steps (FLA's cache protocol, our Cache object) against ours."""
-    from gdn_kcp.layers import Cache, GatedDeltaNet
+    256, V = 512) and our KimiDeltaAttention at FLA's KDA defaults (head_dim 128):
+    each a prefill and 16 decode steps against the full forward, the time per
+    decode step (B = 8 rows), and, when flash-linear-attention's layer imports,
+    the same state dict in FLA's layer: its forward and its own prefill + steps
+    (FLA's cache protocol, our Cache object) against ours. KDA's figures are
+    ``kda_``-prefixed."""
+    from gdn_kcp.layers import GatedDeltaNet, KimiDeltaAttention
 
-    config = dict(hidden_size=64, head_dim=16, num_heads=2, expand_v=2) if s.dry else \
-        dict(hidden_size=1024, head_dim=256, num_heads=4, expand_v=2)
     B, T, steps = (2, 80, 4) if s.dry else (8, 2048, 16)
+    results.update(B=B, prompt=T, steps=steps)
+    gdn = dict(hidden_size=64, head_dim=16, num_heads=2, expand_v=2) if s.dry else \
+        dict(hidden_size=1024, head_dim=256, num_heads=4, expand_v=2)
+    results["config"] = gdn
+    decode_layer(results, s, GatedDeltaNet, "GatedDeltaNet", gdn, "", B, T, steps)
+    kda = dict(hidden_size=64, head_dim=16, num_heads=2) if s.dry else dict(hidden_size=1024, head_dim=128,
+                                                                             num_heads=8)
+    results["kda_config"] = kda
+    decode_layer(results, s, KimiDeltaAttention, "KimiDeltaAttention", kda, "kda_", B, T, steps)
+
+
+def decode_layer(results, s: Setup, Layer, fla_name: str, config: dict, prefix: str, B: int, T: int, steps: int):
+    """:func:`decode`'s figures of one layer class, under ``prefix``."""
+    from gdn_kcp.layers import Cache
+
     torch.manual_seed(0)
-    ours = GatedDeltaNet(layer_idx=0, **config).to(s.device, s.dtype).eval()
+    ours = Layer(layer_idx=0, **config).to(s.device, s.dtype).eval()
     x = torch.randn(B, T + steps, config["hidden_size"], device=s.device, dtype=s.dtype)
 
     def prefill_and_steps(layer):
@@ -373,24 +388,23 @@ def decode(results, s: Setup):
     repeats = s.repeats()
     with torch.no_grad():  # a step that reads the cache and leaves it, timed again and again
         step_ms = timed(lambda: ours(token, use_cache=False, past_key_values=cache)[0], s.device, **repeats)
-    results.update(config=config, B=B, prompt=T, steps=steps)
-    results["decode_vs_full_relative_rms"] = rel_rms(decoded, full)
-    results["decode_step_ms"] = step_ms
+    results[prefix + "decode_vs_full_relative_rms"] = rel_rms(decoded, full)
+    results[prefix + "decode_step_ms"] = step_ms
     try:
-        from fla.layers import GatedDeltaNet as FlaGatedDeltaNet
+        import fla.layers
 
-        theirs = FlaGatedDeltaNet(layer_idx=0, **config).to(s.device, s.dtype).eval()
+        theirs = getattr(fla.layers, fla_name)(layer_idx=0, **config).to(s.device, s.dtype).eval()
         ours.load_state_dict(theirs.state_dict(), strict=True)
         with torch.no_grad():
-            results["fla_forward_vs_ours_relative_rms"] = rel_rms(theirs(x)[0], ours(x)[0])
-        results["fla_decode_vs_ours_relative_rms"] = rel_rms(prefill_and_steps(theirs)[0],
-                                                             prefill_and_steps(ours)[0])
+            results[prefix + "fla_forward_vs_ours_relative_rms"] = rel_rms(theirs(x)[0], ours(x)[0])
+        results[prefix + "fla_decode_vs_ours_relative_rms"] = rel_rms(prefill_and_steps(theirs)[0],
+                                                                      prefill_and_steps(ours)[0])
         fla_cache = prefill_and_steps(theirs)[1]
         with torch.no_grad():
-            results["fla_decode_step_ms"] = timed(
+            results[prefix + "fla_decode_step_ms"] = timed(
                 lambda: theirs(token, use_cache=False, past_key_values=fla_cache)[0], s.device, **repeats)
     except Exception as error:  # noqa: BLE001 - FLA's layers (flash-linear-attention, transformers) absent
-        results["fla_error"] = f"{type(error).__name__}: {error}"
+        results[prefix + "fla_error"] = f"{type(error).__name__}: {error}"
 
 
 CUTE_CASES = ((torch.bfloat16, 128), (torch.float16, 128), (torch.bfloat16, 64), (torch.float16, 64))
