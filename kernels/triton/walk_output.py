@@ -35,7 +35,7 @@ def stages(constexprs) -> int:
     """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
     one for a gate per key channel at key tiles past 128: at K = V = 256 two
     stages want 262,656 B of shared memory (sm_90's limit: 232,448), one
-    49,152 B, and spill 628 B per thread (GDN's walk 212 at two; bf16,
+    49,152 B, and spill 736 B per thread (GDN's walk 212 at two; bf16,
     triton 3.9)."""
     return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
 
