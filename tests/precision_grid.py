@@ -180,11 +180,14 @@ FLA_KDA_KERNEL_ERRORS = {
     (KDA_GRID[1], torch.float16): (0.34, 0.25, 0.66, 0.68, 0.45, 0.36, 0.59, 0.43, None, None),
     (KDA_GRID[8], torch.float16): (0.35, 0.26, 0.65, 0.58, 0.47, 0.36, 0.37, 0.43, None, None),
     (KDA_GRID[2], torch.float16): (0.33, 0.27, 0.63, 0.62, 0.55, 0.52, 0.37, 0.40, None, None),
+    (KDA_GRID[9], torch.float16): (0.35, 0.29, 0.61, 0.68, 0.64, 0.61, 0.40, 0.62, 0.95, 0.40),
 }
 """FLA's own KDA kernels' error ratios on the KDA cases measured (x 1e-3)."""
 KDA_ABOVE_FLA = {
     (KDA_GRID[1], torch.float16): "dg 0.68e-3 against FLA's 0.59e-3 (limit 0.64e-3): the tf32 pulls of bwd_dqkwg "
                                   "(exact, 0.48e-3); docs/testing.md",
+    (KDA_GRID[9], torch.float16): "dA 1.03e-3 and dbias 0.49e-3 against FLA's 0.95e-3 and 0.40e-3: the same pulls "
+                                  "(as tf32x3, 0.71e-3 and 0.37e-3); docs/testing.md",
 }
 """The KDA figures known to be more than 5 % above FLA's kernels' (open; docs/testing.md)."""
 
