@@ -74,6 +74,7 @@ def patch_bf16() -> None:
     """bf16 in triton 3.6's interpreter as a GPU computes it (see the module's docstring)."""
     import numpy as np
     import triton.language as tl
+    from interpreter_tf32 import reads_as_tf32, round_tf32
     from triton.runtime.interpreter import InterpreterBuilder, ReduceOps, ScanOps, TensorHandle
 
     bf16 = tl.bfloat16
@@ -93,17 +94,11 @@ def patch_bf16() -> None:
     B = InterpreterBuilder
     dot, cast, binary, unary, fma = B.create_dot, B.cast_impl, B.binary_op, B.unary_op, B.create_fma
 
-    def tf32(h):  # fp32 rounded to tf32's 10 mantissa bits (to nearest, ties away: kernels.precision)
-        bits = h.data.view(np.uint32)
-        out = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-        return TensorHandle(np.where(np.isfinite(h.data), out, h.data), tl.float32)
-
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        fp32 = a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32
-        read_as = "tf32" if fp32 and TF32_DOTS and "TF32" == getattr(input_precision, "name", input_precision) else ""
-        _met("tl.dot", f"{a.dtype.scalar} x {b.dtype.scalar}" + (f" as {read_as}" if read_as else ""))
-        if read_as:
-            a, b = tf32(a), tf32(b)
+        as_tf32 = TF32_DOTS and reads_as_tf32(a, b, input_precision)
+        _met("tl.dot", f"{a.dtype.scalar} x {b.dtype.scalar}" + (" as tf32" if as_tf32 else ""))
+        if as_tf32:
+            a, b = TensorHandle(round_tf32(a.data), tl.float32), TensorHandle(round_tf32(b.data), tl.float32)
         return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     def cast_impl(self, src, dst_type):
