@@ -397,9 +397,8 @@ def decode_layer(results, s: Setup, Layer, fla_name: str, config: dict, prefix: 
         ours.load_state_dict(theirs.state_dict(), strict=True)
         with torch.no_grad():
             results[prefix + "fla_forward_vs_ours_relative_rms"] = rel_rms(theirs(x)[0], ours(x)[0])
-        results[prefix + "fla_decode_vs_ours_relative_rms"] = rel_rms(prefill_and_steps(theirs)[0],
-                                                                      prefill_and_steps(ours)[0])
-        fla_cache = prefill_and_steps(theirs)[1]
+        fla_decoded, fla_cache = prefill_and_steps(theirs)
+        results[prefix + "fla_decode_vs_ours_relative_rms"] = rel_rms(fla_decoded, prefill_and_steps(ours)[0])
         with torch.no_grad():
             results[prefix + "fla_decode_step_ms"] = timed(
                 lambda: theirs(token, use_cache=False, past_key_values=fla_cache)[0], s.device, **repeats)

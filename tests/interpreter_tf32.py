@@ -29,10 +29,17 @@ def reads_as_tf32(a, b, input_precision) -> bool:
     return fp32 and getattr(input_precision, "name", input_precision) == "TF32"
 
 
+def tf32_handle(h):
+    """An fp32 interpreter handle with its values rounded as :func:`round_tf32` (a tensor core's read)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    return TensorHandle(round_tf32(h.data), tl.float32)
+
+
 def read_tf32_dots() -> None:
     """Patch the interpreter's ``create_dot``: tf32 dots round their fp32 operands first."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    from triton.runtime.interpreter import InterpreterBuilder
 
     dot = InterpreterBuilder.create_dot
     if getattr(dot, "reads_tf32", False):
@@ -40,7 +47,7 @@ def read_tf32_dots() -> None:
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if reads_as_tf32(a, b, input_precision):
-            a, b = TensorHandle(round_tf32(a.data), tl.float32), TensorHandle(round_tf32(b.data), tl.float32)
+            a, b = tf32_handle(a), tf32_handle(b)
         return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     create_dot.reads_tf32 = True

@@ -78,7 +78,8 @@ def test_kda_torch_programs_within_flas_kernels(case, dtype):
     excess is a strict xfail, so mending it shows here."""
     found = figures(case, dtype, "torch")
     print(row(case, dtype, "torch", found))
-    assert not failures(case, dtype, found), (case.name, str(dtype), failures(case, dtype, found))
+    problems = failures(case, dtype, found)
+    assert not problems, (case.name, str(dtype), problems)
 
 
 def test_tolerances_are_the_stated_ones():

@@ -74,7 +74,7 @@ def patch_bf16() -> None:
     """bf16 in triton 3.6's interpreter as a GPU computes it (see the module's docstring)."""
     import numpy as np
     import triton.language as tl
-    from interpreter_tf32 import reads_as_tf32, round_tf32
+    from interpreter_tf32 import reads_as_tf32, tf32_handle
     from triton.runtime.interpreter import InterpreterBuilder, ReduceOps, ScanOps, TensorHandle
 
     bf16 = tl.bfloat16
@@ -98,7 +98,7 @@ def patch_bf16() -> None:
         as_tf32 = TF32_DOTS and reads_as_tf32(a, b, input_precision)
         _met("tl.dot", f"{a.dtype.scalar} x {b.dtype.scalar}" + (" as tf32" if as_tf32 else ""))
         if as_tf32:
-            a, b = TensorHandle(round_tf32(a.data), tl.float32), TensorHandle(round_tf32(b.data), tl.float32)
+            a, b = tf32_handle(a), tf32_handle(b)
         return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     def cast_impl(self, src, dst_type):
