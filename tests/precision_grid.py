@@ -188,14 +188,11 @@ FLA_KDA_KERNEL_ERRORS = {
     (KDA_GRID[9], torch.float16): (0.35, 0.29, 0.61, 0.68, 0.64, 0.61, 0.40, 0.62, 0.95, 0.40),
 }
 """FLA's own KDA kernels' error ratios on the KDA cases measured (x 1e-3)."""
-KDA_ABOVE_FLA = {
-    (KDA_GRID[1], torch.float16): "dg 0.68e-3 against FLA's 0.59e-3 (limit 0.64e-3): the tf32 pulls of bwd_dqkwg "
-                                  "(exact, 0.48e-3); docs/testing.md",
-    (KDA_GRID[9], torch.float16): "dA 1.03e-3 and dbias 0.49e-3 against FLA's 0.95e-3 and 0.40e-3: the same pulls "
-                                  "(as tf32x3, 0.71e-3 and 0.37e-3); docs/testing.md",
-}
-"""The KDA figures of the torch programs known to be more than 5 % above FLA's kernels' (open;
-docs/testing.md: the Triton programs, whose sub-chunks have 16 rows, not 8, are within on B2 T500)."""
+KDA_ABOVE_FLA: dict = {}
+"""The KDA figures of the torch programs known to be more than 5 % above FLA's kernels' (a strict xfail
+each in CI): none since the torch programs' sub-chunks have 16 rows, as the Triton programs'. With 8, fp16
+dg on B2 T500 was 0.68e-3 against FLA's 0.59e-3, and on B2 T1024 H2 HV8 D64 with the gate in kernel
+fp16 dA 1.03e-3 and dbias 0.49e-3 against 0.95e-3 and 0.40e-3 (docs/testing.md)."""
 
 
 def fla_figures(case: Case, dtype: torch.dtype) -> dict[str, float] | None:

@@ -17,9 +17,13 @@ exponent is a sum of exactly the gates it spans (never a difference of two
 cumsums), so a gate of ``-inf`` (a hard reset of that channel) gives an exact
 zero and never ``-inf - -inf``.
 
-Cost per chunk and head: ``((C / SUB_CHUNK)^2 + 2 C + SUB_CHUNK C) K``
-exponentials (704 K at C = 64, against ``C^2 K`` = 4,096 K for the direct
-``[C, C, K]`` tensor) and the usual ``C^2 K`` multiply-adds.
+Pairs across sub-chunks are taken only where they exist (the rows after J
+against J's rows, one product per anchor), and the pairs inside a sub-chunk
+one offset ``d = i - j`` at a time, so no temporary holds the upper half of a
+block. Exponentials per chunk and head: ``(c n (n - 1) / 2 + C + n c (c - 1) / 2) K``
+with ``c = SUB_CHUNK``, ``n = C / c``: 640 K at C = 64, c = 16, against
+``C^2 K`` = 4,096 K for the direct ``[C, C, K]`` tensor; and the usual
+``C^2 K`` multiply-adds, elementwise for the ``C c K`` pairs inside sub-chunks.
 """
 
 from __future__ import annotations
@@ -30,17 +34,21 @@ import torch
 
 from ..precision import channel_mode, mm
 
-PIECE_ELEMENTS = 1 << 25
-"""The most elements (128 MiB in fp32) the largest temporary of one piece may
-hold, the ``[rows, H, n, c, c, K]`` pairs inside the sub-chunks: the programs
-take the chunks in pieces of that size. Whole, FLA's T = 8192, HV = 96,
-K = 128 case wanted 3 GiB for that one tensor."""
+PIECE_ELEMENTS = 1 << 20
+"""The most elements (4 MiB in fp32) one piece's in-sub-chunk decays
+(:attr:`ChannelBlocks.within`) may hold: the programs take the chunks in
+pieces of that size, so a piece's temporaries stay in the caches. At
+T = 4096, HV = 4, K = 128 (``benchmarks/cpu_chunk.py``, fp32, 2 threads) one
+KDA forward and backward took 1.86 s with pieces of 2^25 elements and 0.99 s
+with 2^22 (8-row sub-chunks, before the pairs were cut to the causal half)."""
 
-SUB_CHUNK = 8
-"""Rows of a sub-chunk. The pairs inside one are taken elementwise (``C SUB_CHUNK K``
-products and exponentials per chunk and head): at T = 4096, HV = 4, K = 128 one
-KDA forward and backward took 4.1 s at 16 rows, 2.7 s at 8 and 3.6 s at 4
-(the anchored products of 16 sub-chunks cost more than they save)."""
+SUB_CHUNK = 16
+"""Rows of a sub-chunk, as the Triton programs' (``tl.dot``'s least M and N).
+The pairs across sub-chunks run as tf32 products under bf16 / fp16 inputs
+(:func:`~gdn_kcp.kernels.precision.channel_mode`), those inside one exactly in
+fp32: with 8 rows twice the pairs went through tf32, and fp16 dg on FLA's
+B2 T500 case erred 0.68e-3 against 0.54e-3 at 16 (FLA's kernels: 0.59e-3;
+tests/precision_grid.py --kda)."""
 
 
 def causal_mask(C: int, strict: bool, device: torch.device) -> torch.Tensor:
@@ -51,34 +59,30 @@ def causal_mask(C: int, strict: bool, device: torch.device) -> torch.Tensor:
 class ChannelBlocks(NamedTuple):
     """The decays of :mod:`_channel` for per-channel gates ``g`` ``[NC, H, C, K]``."""
 
-    ahead: torch.Tensor  # [NC, H, n, C, K]: exp(sum_{r_J < l <= i} g_l) (0 where i <= r_J)
+    ahead: tuple[torch.Tensor, ...]  # J < n - 1: [NC, H, C - (J + 1) c, K]: exp(sum_{r_J < l <= i} g_l), rows i after J
     behind: torch.Tensor  # [NC, H, C, K]: exp(sum_{j < l <= r_J(j)} g_l), from row j to its sub-chunk's end
-    within: torch.Tensor  # [NC, H, n, c, c, K]: exp(sum_{jj < l <= ii} g_l) on ii >= jj of a sub-chunk, else 0
+    within: tuple[torch.Tensor, ...]  # d = 1 .. c - 1: [NC, H, n, c - d, K]: exp(sum_{r < l <= r + d} g_l)
 
 
 def channel_blocks(g: torch.Tensor) -> ChannelBlocks:
     """The anchored decays of per-channel gates ``g`` ``[..., C, K]`` (padded rows 0).
 
-    ``ahead`` is a product of two decays, each a sum of exactly the gates it
-    spans: the whole sub-chunks strictly between J and row i's sub-chunk I
-    (``[n, n, K]``, a few exponentials) and the rows of I up to i (``[C, K]``).
-    Both are at most 1, so the product is exact and a ``-inf`` gives 0, never
-    ``0 * inf``; rows i in J or before get 0 (no pair there)."""
+    Every exponent is a running sum, in row order, of exactly the gates it
+    spans: ``ahead[J]`` sums the rows after J's anchor up to row i,
+    ``behind`` a row's successors up to its anchor, ``within[d - 1]`` the
+    ``d`` gates after row r of a sub-chunk (pair ``(r + d, r)``), each the
+    previous offset's sum plus one gate. None is positive, so each factor is
+    at most 1 and a ``-inf`` gives 0, never ``0 * inf`` or ``-inf - -inf``."""
     C, c = g.shape[-2], SUB_CHUNK
     n = C // c
-    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    ahead = tuple(torch.exp(g[..., (J + 1) * c:, :].cumsum(-2)) for J in range(n - 1))
     gs = g.unflatten(-2, (n, c))  # [..., n, c, K]
-    totals = gs.sum(-2)  # [..., n, K]: each sub-chunk's whole gate
-    sub = torch.arange(n, device=g.device)
-    strictly_between = (sub[:, None, None] < sub[None, None, :]) & (sub[None, None, :] < sub[None, :, None])
-    between = torch.where(strictly_between[..., None], totals[..., None, None, :, :], zero).sum(-2)  # [..., J, I, K]
-    later = (sub[:, None] < sub[None, :])[..., None, None]  # [J, I, 1, 1]: I after J
-    ahead_blocks = torch.where(later, torch.exp(between)[..., None, :], zero) * torch.exp(gs.cumsum(-2))[..., None, :, :, :]
-    ahead = ahead_blocks.flatten(-3, -2)  # [..., n (J), C, K]
     tail = torch.nn.functional.pad(gs[..., 1:, :].flip(-2).cumsum(-2).flip(-2), (0, 0, 0, 1))
-    segment = torch.where(causal_mask(c, True, g.device)[..., None], gs[..., :, None, :], zero).cumsum(-3)
-    within = torch.where(causal_mask(c, False, g.device)[..., None], torch.exp(segment), zero)
-    return ChannelBlocks(ahead, torch.exp(tail).flatten(-3, -2), within)
+    within, segment = [], None
+    for d in range(1, c):
+        segment = gs[..., d:, :] if segment is None else segment[..., :-1, :] + gs[..., d:, :]
+        within.append(torch.exp(segment))
+    return ChannelBlocks(ahead, torch.exp(tail).flatten(-3, -2), tuple(within))
 
 
 def _sub(x: torch.Tensor) -> torch.Tensor:
@@ -86,70 +90,77 @@ def _sub(x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-2, (x.shape[-2] // SUB_CHUNK, SUB_CHUNK))
 
 
-def _later_blocks(C: int, device: torch.device) -> torch.Tensor:
-    """``[C, C]``: the pairs whose row i lies in a later sub-chunk than column j."""
-    sub = torch.arange(C, device=device) // SUB_CHUNK
-    return sub[:, None] > sub[None, :]
-
-
 def _diagonal_blocks(x: torch.Tensor) -> torch.Tensor:
-    """The ``[..., n, c, c]`` diagonal blocks of ``[..., C, C]``."""
+    """The ``[..., n, c, c]`` diagonal blocks of ``[..., C, C]`` (a view)."""
     n = x.shape[-1] // SUB_CHUNK
     blocks = x.unflatten(-1, (n, SUB_CHUNK)).unflatten(-3, (n, SUB_CHUNK))  # [..., n, c, n, c]
     return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
 
 
-def _block_diagonal(blocks: torch.Tensor) -> torch.Tensor:
-    """``[..., n, c, c]`` -> the ``[..., C, C]`` matrix with those diagonal blocks, zero off them."""
-    n, c = blocks.shape[-3], blocks.shape[-1]
-    out = blocks.new_zeros(*blocks.shape[:-3], n, c, n, c)
-    out.diagonal(dim1=-4, dim2=-2).copy_(blocks.movedim(-3, -1))
-    return out.flatten(-4, -3).flatten(-2, -1)
-
-
-def _off_blocks(x: torch.Tensor) -> torch.Tensor:
-    """``[..., C, C]`` -> ``[..., n, C, c]``: column block J of x as its own matrix."""
-    return x.unflatten(-1, (x.shape[-1] // SUB_CHUNK, SUB_CHUNK)).movedim(-2, -3)
+def _across(J: int, C: int) -> tuple[slice, slice]:
+    """The rows after sub-chunk J and J's own rows: the pairs anchored at ``r_J``."""
+    return slice((J + 1) * SUB_CHUNK, C), slice(J * SUB_CHUNK, (J + 1) * SUB_CHUNK)
 
 
 def _scores(a: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, keep: torch.Tensor, mode: str) -> torch.Tensor:
     """``S_ij = sum_d a_id b_jd exp(Γ_id - Γ_jd)`` on ``keep`` (a causal ``[C, C]``
-    mask), zero elsewhere: ``[..., C, C]`` from a, b ``[..., C, K]``. Off the
-    diagonal blocks one product under ``mode`` per sub-chunk of columns."""
-    off_mask = _later_blocks(a.shape[-2], a.device)
-    b_behind = _sub(b * blocks.behind)
-    off = mm(a[..., None, :, :] * blocks.ahead, b_behind.mT, mode).movedim(-3, -2).flatten(-2)
-    diag = (_sub(a)[..., :, None, :] * _sub(b)[..., None, :, :] * blocks.within).sum(-1)
-    scores = torch.where(off_mask, off, _block_diagonal(diag))
+    mask), zero elsewhere: ``[..., C, C]`` from a, b ``[..., C, K]``. Across
+    sub-chunks one product under ``mode`` per anchor, written only where
+    ``i`` lies in a later sub-chunk than ``j`` (a non-finite row of b reaches
+    no other pair)."""
+    C = a.shape[-2]
+    scores = a.new_zeros(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (C, C),
+                         dtype=torch.promote_types(a.dtype, b.dtype))
+    b_behind = b * blocks.behind
+    for J, ahead in enumerate(blocks.ahead):
+        rows, cols = _across(J, C)
+        scores[..., rows, cols] = mm(a[..., rows, :] * ahead, b_behind[..., cols, :].mT, mode)
+    a_sub, b_sub, diag = _sub(a), _sub(b), _diagonal_blocks(scores)
+    diag.diagonal(dim1=-2, dim2=-1).copy_((a_sub * b_sub).sum(-1))
+    for d, within in enumerate(blocks.within, 1):
+        diag.diagonal(-d, dim1=-2, dim2=-1).copy_((a_sub[..., d:, :] * b_sub[..., :-d, :] * within).sum(-1))
     return torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
 
 
 def _lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
-    """``out_i = sum_j x_ij b_j * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
-    ``[..., C, C]`` x (zero above its diagonal): the gradient of
-    :func:`_scores` with respect to ``a`` when x is the scores' gradient."""
-    off_mask = _later_blocks(x.shape[-1], x.device)
-    zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    part = mm(_off_blocks(torch.where(off_mask, x, zero)), _sub(b * blocks.behind), mode)  # [..., n, C, K]
-    off = (part * blocks.ahead).sum(-3)
-    diag = (_diagonal_blocks(x)[..., None] * _sub(b)[..., None, :, :] * blocks.within).sum(-2)
-    return off + diag.flatten(-3, -2)
+    """``out_i = sum_j x_ij b_j * exp(Γ_i - Γ_j)`` (``[..., C, K]``) over the
+    pairs ``j <= i`` of a ``[..., C, C]`` x (its entries above the diagonal
+    are never read): the gradient of :func:`_scores` with respect to ``a``
+    when x is the scores' gradient."""
+    C = x.shape[-1]
+    out = b.new_zeros(torch.broadcast_shapes(x.shape[:-2], b.shape[:-2]) + (C, b.shape[-1]),
+                      dtype=torch.promote_types(x.dtype, b.dtype))
+    b_behind = b * blocks.behind
+    for J, ahead in enumerate(blocks.ahead):
+        rows, cols = _across(J, C)
+        out[..., rows, :] += mm(x[..., rows, cols], b_behind[..., cols, :], mode) * ahead
+    x_diag, b_sub, out_sub = _diagonal_blocks(x), _sub(b), _sub(out)
+    out_sub += x_diag.diagonal(dim1=-2, dim2=-1)[..., None] * b_sub
+    for d, within in enumerate(blocks.within, 1):
+        out_sub[..., d:, :] += x_diag.diagonal(-d, dim1=-2, dim2=-1)[..., None] * b_sub[..., :-d, :] * within
+    return out
 
 
 def _upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: str) -> torch.Tensor:
-    """``out_j = sum_i x_ij a_i * exp(Γ_i - Γ_j)`` (``[..., C, K]``) for a lower
-    ``[..., C, C]`` x: the gradient of :func:`_scores` with respect to ``b``."""
-    off_mask = _later_blocks(x.shape[-1], x.device)
-    zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    part = mm(_off_blocks(torch.where(off_mask, x, zero)).mT, a[..., None, :, :] * blocks.ahead, mode)  # [..., n, c, K]
-    off = part.flatten(-3, -2) * blocks.behind
-    diag = (_diagonal_blocks(x)[..., None] * _sub(a)[..., :, None, :] * blocks.within).sum(-3)
-    return off + diag.flatten(-3, -2)
+    """``out_j = sum_i x_ij a_i * exp(Γ_i - Γ_j)`` (``[..., C, K]``) over the
+    pairs ``i >= j`` of a ``[..., C, C]`` x: the gradient of :func:`_scores`
+    with respect to ``b``."""
+    C = x.shape[-1]
+    out = a.new_zeros(torch.broadcast_shapes(x.shape[:-2], a.shape[:-2]) + (C, a.shape[-1]),
+                      dtype=torch.promote_types(x.dtype, a.dtype))
+    for J, ahead in enumerate(blocks.ahead):
+        rows, cols = _across(J, C)
+        out[..., cols, :] = mm(x[..., rows, cols].mT, a[..., rows, :] * ahead, mode) * blocks.behind[..., cols, :]
+    x_diag, a_sub, out_sub = _diagonal_blocks(x), _sub(a), _sub(out)
+    out_sub += x_diag.diagonal(dim1=-2, dim2=-1)[..., None] * a_sub
+    for d, within in enumerate(blocks.within, 1):
+        out_sub[..., :-d, :] += x_diag.diagonal(-d, dim1=-2, dim2=-1)[..., None] * a_sub[..., d:, :] * within
+    return out
 
 
 def _pieces(g: torch.Tensor) -> list[slice]:
-    """Slices of dim 0 (chunks) of ``g`` ``[NC, H, C, K]`` whose sub-chunk pairs fit ``PIECE_ELEMENTS``."""
-    per_chunk = max(1, g[:1].numel() * SUB_CHUNK)
+    """Slices of dim 0 (chunks) of ``g`` ``[NC, H, C, K]`` whose in-sub-chunk decays fit ``PIECE_ELEMENTS``."""
+    per_chunk = max(1, g[:1].numel() * (SUB_CHUNK - 1) // 2)  # within: n c (c - 1) / 2 of a chunk's C K
     rows = max(1, PIECE_ELEMENTS // per_chunk)
     return [slice(start, start + rows) for start in range(0, max(g.shape[0], 1), rows)]  # an empty rank: one empty piece
 

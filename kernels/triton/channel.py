@@ -11,9 +11,9 @@ inside a sub-chunk are taken elementwise. Every exponent is a sum of exactly
 the gates it spans, none positive, so no factor overflows for any gate and a
 ``-inf`` gate (a hard reset of one channel) gives an exact zero.
 
-Sub-chunks here have ``SUB`` = 16 rows (``tl.dot``'s least M and N) where the
-torch twin's have 8, so the two agree to the rounding of the products'
-operands, not bitwise; at 16 they are also the WY inverse's diagonal blocks
+Sub-chunks here have ``SUB`` = 16 rows (``tl.dot``'s least M and N), as the
+torch twin's; the two agree to the rounding of their sums and products, not
+bitwise. At 16 they are also the WY inverse's diagonal blocks
 (``kernels.torch.prep.INVERSE_BLOCK``), which its substitution takes straight
 from the elementwise part."""
 
