@@ -92,6 +92,7 @@ import torch
 from gdn_kcp.cost_model import H200, Launch, Machine, Work, resident, terms, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import head_block, heads_per_program, walk_block
+from gdn_kcp.kernels.triton.adjoint_summary import adjoint_value_block
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT, kernel_of
 from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
@@ -305,9 +306,10 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
         return [walk(phase, kernel, s.fragments * HV * -(-V // BV), P, step)]
 
     def adjoint_segment_summary(phase: str) -> list[Launch]:  # the adjoint walk's step, nothing stored
-        step = Work(bf16=4 * (2 * C * K * BW),
-                    bytes=qk + C * n + C * K * e["w"] + C * BW * n + C * BW * e["dv_new"])
-        return [walk(phase, "adjoint_segment_summary_kernel", F * HV * NW, steps, step)]
+        BA = adjoint_value_block(K, V, channel=False)  # its launcher's value tile (64), not the walks' (32)
+        step = Work(bf16=4 * (2 * C * K * BA),
+                    bytes=qk + C * n + C * K * e["w"] + C * BA * n + C * BA * e["dv_new"])
+        return [walk(phase, "adjoint_segment_summary_kernel", F * HV * -(-V // BA), steps, step)]
 
     def output(phase: str) -> list[Launch]:  # one program per chunk and head walks the value tiles
         work = Work(bf16=2 * C * C * K + 2 * C * K * V + 2 * C * C * V,
