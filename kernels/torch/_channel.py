@@ -39,8 +39,9 @@ PIECE_ELEMENTS = 1 << 20
 (:attr:`ChannelBlocks.within`) may hold: the programs take the chunks in
 pieces of that size, so a piece's temporaries stay in the caches. At
 T = 4096, HV = 4, K = 128 (``benchmarks/cpu_chunk.py``, fp32, 2 threads) one
-KDA forward and backward took 1.86 s with pieces of 2^25 elements and 0.99 s
-with 2^22 (8-row sub-chunks, before the pairs were cut to the causal half)."""
+KDA forward and backward took 0.72 s with pieces of 2^20 elements, 0.74 s
+with 2^22 and 1.06 s with 2^18 (in one run); before the pairs were cut to the
+causal half, with 8-row sub-chunks, 1.86 s at 2^25 and 0.99 s at 2^22."""
 
 SUB_CHUNK = 16
 """Rows of a sub-chunk, as the Triton programs' (``tl.dot``'s least M and N).
