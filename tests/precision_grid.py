@@ -389,7 +389,18 @@ def main() -> int:
     parser.add_argument("--triton", action="store_true",
                         help="also the Triton programs (interpreter) on TRITON_CASES (with --kda: TRITON_KDA_CASES)")
     parser.add_argument("--kda", action="store_true", help="KDA's rows (KDA_GRID) instead of GDN's")
+    parser.add_argument("--triton-kda-cases", type=int, nargs="+", metavar="I",
+                        help="with --kda --triton: the Triton programs on KDA_GRID[I] for each I (after the torch "
+                             "programs' grid; about 12 minutes a case and dtype for FLA's T = 1024 cases) instead of "
+                             "TRITON_KDA_CASES; one-rank cases only (KCP ranks fork without the tf32 reading)")
     args = parser.parse_args()
+    if args.triton_kda_cases and not (args.kda and args.triton):
+        parser.error("--triton-kda-cases needs --kda --triton")
+    if args.triton_kda_cases and not all(0 <= i < len(KDA_GRID) for i in args.triton_kda_cases):
+        parser.error(f"--triton-kda-cases: indices of KDA_GRID run 0 to {len(KDA_GRID) - 1}, got {args.triton_kda_cases}")
+    if args.triton_kda_cases and any(KDA_GRID[i].split for i in args.triton_kda_cases):
+        parser.error(f"--triton-kda-cases: KDA_GRID cases on KCP ranks (split) run without the tf32 reading of "
+                     f"tests/interpreter_tf32.py; got {[i for i in args.triton_kda_cases if KDA_GRID[i].split]}")
     print("Error ratios x 1e-3 (in parentheses: largest absolute error <= 1e-6, passes);"
           " '/ f': FLA's kernels' figure on the case")
     bad = 0
@@ -402,7 +413,8 @@ def main() -> int:
         from interpreter_tf32 import read_tf32_dots
 
         read_tf32_dots()
-        runs += [(c, d, "triton") for d in (torch.float16, torch.bfloat16) for c in TRITON_KDA_CASES]
+        cases = [KDA_GRID[i] for i in args.triton_kda_cases] if args.triton_kda_cases else TRITON_KDA_CASES
+        runs += [(c, d, "triton") for d in (torch.float16, torch.bfloat16) for c in cases]
     for i, (case, dtype, backend) in enumerate(runs):
         if i == 0 or case.kda != runs[i - 1][0].kda:
             print(KDA_HEADER if case.kda else HEADER)

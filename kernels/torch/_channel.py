@@ -22,8 +22,9 @@ against J's rows, one product per anchor), and the pairs inside a sub-chunk
 one offset ``d = i - j`` at a time, so no temporary holds the upper half of a
 block. Exponentials per chunk and head: ``(c n (n - 1) / 2 + C + n c (c - 1) / 2) K``
 with ``c = SUB_CHUNK``, ``n = C / c``: 640 K at C = 64, c = 16, against
-``C^2 K`` = 4,096 K for the direct ``[C, C, K]`` tensor; and the usual
-``C^2 K`` multiply-adds, elementwise for the ``C c K`` pairs inside sub-chunks.
+``C^2 K`` = 4,096 K for the direct ``[C, C, K]`` tensor; and ``C (C + 1) K / 2``
+multiply-adds, 1,536 K of them in the anchored products and
+``n c (c + 1) K / 2`` = 544 K elementwise inside the sub-chunks.
 """
 
 from __future__ import annotations
@@ -33,23 +34,31 @@ from typing import NamedTuple
 import torch
 
 from ..precision import channel_mode, mm
+from ..tracing import traced
 
 PIECE_ELEMENTS = 1 << 20
 """The most elements (4 MiB in fp32) one piece's in-sub-chunk decays
-(:attr:`ChannelBlocks.within`) may hold: the programs take the chunks in
-pieces of that size, so a piece's temporaries stay in the caches. At
-T = 4096, HV = 4, K = 128 (``benchmarks/cpu_chunk.py``, fp32, 2 threads) one
-KDA forward and backward took 0.72 s with pieces of 2^20 elements, 0.74 s
-with 2^22 and 1.06 s with 2^18 (in one run); before the pairs were cut to the
-causal half, with 8-row sub-chunks, 1.86 s at 2^25 and 0.99 s at 2^22."""
+(:attr:`ChannelBlocks.within`) may hold, or one chunk's where those are more:
+the programs take the chunks in pieces of that size, so a piece's temporaries
+stay in the caches. At T = 4096, HV = 4, K = 128 (``benchmarks/cpu_chunk.py``,
+fp32, 2 threads) one KDA forward and backward took 0.72 s with pieces of 2^20
+elements, 0.74 s with 2^22 (a tie on this shared machine) and 1.06 s with
+2^18, in one run; before the pairs were cut to the causal half, with 8-row
+sub-chunks, the whole at 2^25 took 2 to 3 times 2^22's time."""
+
+TRACED_PIECE_ELEMENTS = 1 << 25
+""":data:`PIECE_ELEMENTS` while a compiler traces the programs: a traced
+graph holds each piece's ops once (about 300 nodes for the scores, 600 for the
+pulls), so it takes fewer, larger pieces, as many as the pairs' pieces before
+they were cut to the causal half."""
 
 SUB_CHUNK = 16
 """Rows of a sub-chunk, as the Triton programs' (``tl.dot``'s least M and N).
 The pairs across sub-chunks run as tf32 products under bf16 / fp16 inputs
 (:func:`~gdn_kcp.kernels.precision.channel_mode`), those inside one exactly in
-fp32: with 8 rows twice the pairs went through tf32, and fp16 dg on FLA's
-B2 T500 case erred 0.68e-3 against 0.54e-3 at 16 (FLA's kernels: 0.59e-3;
-tests/precision_grid.py --kda)."""
+fp32: 16 rows take 480 of a chunk's 2,016 strict pairs exactly where 8 take
+224, and fp16 dg on FLA's B2 T500 case erred 0.54e-3 at 16 against 0.68e-3 at
+8 (FLA's kernels: 0.59e-3; tests/precision_grid.py --kda)."""
 
 
 def causal_mask(C: int, strict: bool, device: torch.device) -> torch.Tensor:
@@ -68,9 +77,9 @@ class ChannelBlocks(NamedTuple):
 def channel_blocks(g: torch.Tensor) -> ChannelBlocks:
     """The anchored decays of per-channel gates ``g`` ``[..., C, K]`` (padded rows 0).
 
-    Every exponent is a running sum, in row order, of exactly the gates it
-    spans: ``ahead[J]`` sums the rows after J's anchor up to row i,
-    ``behind`` a row's successors up to its anchor, ``within[d - 1]`` the
+    Every exponent is a running sum of exactly the gates it spans:
+    ``ahead[J]`` sums the rows after J's anchor up to row i (forward),
+    ``behind`` a row's successors up to its anchor (backward), ``within[d - 1]`` the
     ``d`` gates after row r of a sub-chunk (pair ``(r + d, r)``), each the
     previous offset's sum plus one gate. None is positive, so each factor is
     at most 1 and a ``-inf`` gives 0, never ``0 * inf`` or ``-inf - -inf``."""
@@ -98,6 +107,19 @@ def _diagonal_blocks(x: torch.Tensor) -> torch.Tensor:
     return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
 
 
+def _batch(blocks: ChannelBlocks, *xs: torch.Tensor) -> torch.Size:
+    """The batch dims of a result: those of the operands and the decays, broadcast."""
+    return torch.broadcast_shapes(blocks.behind.shape[:-2], *(x.shape[:-2] for x in xs))
+
+
+def _dtype(blocks: ChannelBlocks, *xs: torch.Tensor) -> torch.dtype:
+    """The dtype of a result: the operands' and the decays', promoted."""
+    dtype = blocks.behind.dtype
+    for x in xs:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return dtype
+
+
 def _across(J: int, C: int) -> tuple[slice, slice]:
     """The rows after sub-chunk J and J's own rows: the pairs anchored at ``r_J``."""
     return slice((J + 1) * SUB_CHUNK, C), slice(J * SUB_CHUNK, (J + 1) * SUB_CHUNK)
@@ -110,8 +132,7 @@ def _scores(a: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, keep: torch
     ``i`` lies in a later sub-chunk than ``j`` (a non-finite row of b reaches
     no other pair)."""
     C = a.shape[-2]
-    scores = a.new_zeros(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (C, C),
-                         dtype=torch.promote_types(a.dtype, b.dtype))
+    scores = a.new_zeros(_batch(blocks, a, b) + (C, C), dtype=_dtype(blocks, a, b))
     b_behind = b * blocks.behind
     for J, ahead in enumerate(blocks.ahead):
         rows, cols = _across(J, C)
@@ -129,8 +150,7 @@ def _lower_apply(x: torch.Tensor, b: torch.Tensor, blocks: ChannelBlocks, mode: 
     are never read): the gradient of :func:`_scores` with respect to ``a``
     when x is the scores' gradient."""
     C = x.shape[-1]
-    out = b.new_zeros(torch.broadcast_shapes(x.shape[:-2], b.shape[:-2]) + (C, b.shape[-1]),
-                      dtype=torch.promote_types(x.dtype, b.dtype))
+    out = b.new_zeros(_batch(blocks, x, b) + (C, b.shape[-1]), dtype=_dtype(blocks, x, b))
     b_behind = b * blocks.behind
     for J, ahead in enumerate(blocks.ahead):
         rows, cols = _across(J, C)
@@ -147,8 +167,7 @@ def _upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: 
     pairs ``i >= j`` of a ``[..., C, C]`` x: the gradient of :func:`_scores`
     with respect to ``b``."""
     C = x.shape[-1]
-    out = a.new_zeros(torch.broadcast_shapes(x.shape[:-2], a.shape[:-2]) + (C, a.shape[-1]),
-                      dtype=torch.promote_types(x.dtype, a.dtype))
+    out = a.new_zeros(_batch(blocks, x, a) + (C, a.shape[-1]), dtype=_dtype(blocks, x, a))
     for J, ahead in enumerate(blocks.ahead):
         rows, cols = _across(J, C)
         out[..., cols, :] = mm(x[..., rows, cols].mT, a[..., rows, :] * ahead, mode) * blocks.behind[..., cols, :]
@@ -162,7 +181,7 @@ def _upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: 
 def _pieces(g: torch.Tensor) -> list[slice]:
     """Slices of dim 0 (chunks) of ``g`` ``[NC, H, C, K]`` whose in-sub-chunk decays fit ``PIECE_ELEMENTS``."""
     per_chunk = max(1, g[:1].numel() * (SUB_CHUNK - 1) // 2)  # within: n c (c - 1) / 2 of a chunk's C K
-    rows = max(1, PIECE_ELEMENTS // per_chunk)
+    rows = max(1, (TRACED_PIECE_ELEMENTS if traced() else PIECE_ELEMENTS) // per_chunk)
     return [slice(start, start + rows) for start in range(0, max(g.shape[0], 1), rows)]  # an empty rank: one empty piece
 
 
