@@ -186,13 +186,18 @@ FLA_KDA_KERNEL_ERRORS = {
     (KDA_GRID[8], torch.float16): (0.35, 0.26, 0.65, 0.58, 0.47, 0.36, 0.37, 0.43, None, None),
     (KDA_GRID[2], torch.float16): (0.33, 0.27, 0.63, 0.62, 0.55, 0.52, 0.37, 0.40, None, None),
     (KDA_GRID[9], torch.float16): (0.35, 0.29, 0.61, 0.68, 0.64, 0.61, 0.40, 0.62, 0.95, 0.40),
+    (KDA_GRID[6], torch.float16): (0.36, 0.26, 0.59, 0.56, 0.48, 0.37, 0.36, 0.42, 0.80, 0.48),
+    (KDA_GRID[10], torch.float16): (0.40, 0.32, 0.83, 0.67, 0.62, 0.50, 0.45, 0.73, 0.71, 0.40),
 }
 """FLA's own KDA kernels' error ratios on the KDA cases measured (x 1e-3)."""
-KDA_ABOVE_FLA: dict = {}
+KDA_ABOVE_FLA = {
+    (KDA_GRID[10], torch.float16): "dA 0.81e-3 against FLA's 0.71e-3 (limit 0.76e-3): dA, the gate gradient summed "
+                                   "over every token and channel, is the noise of a cancelling sum; docs/testing.md",
+}
 """The KDA figures of the torch programs known to be more than 5 % above FLA's kernels' (a strict xfail
-each in CI): none since the torch programs' sub-chunks have 16 rows, as the Triton programs'. With 8, fp16
-dg on B2 T500 was 0.68e-3 against FLA's 0.59e-3, and on B2 T1024 H2 HV8 D64 with the gate in kernel
-fp16 dA 1.03e-3 and dbias 0.49e-3 against 0.95e-3 and 0.40e-3 (docs/testing.md)."""
+each in CI). Before the torch programs' sub-chunks had 16 rows, as the Triton programs', fp16 dg on B2 T500
+was 0.68e-3 against FLA's 0.59e-3, and on B2 T1024 H2 HV8 D64 with the gate in kernel fp16 dA 1.03e-3 and
+dbias 0.49e-3 against 0.95e-3 and 0.40e-3 (now 0.54e-3, 0.86e-3 and 0.39e-3; docs/testing.md)."""
 
 
 def fla_figures(case: Case, dtype: torch.dtype) -> dict[str, float] | None:
