@@ -188,6 +188,7 @@ FLA_KDA_KERNEL_ERRORS = {
     (KDA_GRID[9], torch.float16): (0.35, 0.29, 0.61, 0.68, 0.64, 0.61, 0.40, 0.62, 0.95, 0.40),
     (KDA_GRID[6], torch.float16): (0.36, 0.26, 0.59, 0.56, 0.48, 0.37, 0.36, 0.42, 0.80, 0.48),
     (KDA_GRID[10], torch.float16): (0.40, 0.32, 0.83, 0.67, 0.62, 0.50, 0.45, 0.73, 0.71, 0.40),
+    (KDA_GRID[3], torch.float16): (0.40, 0.31, 0.68, 0.66, 0.40, 0.28, 0.69, 0.33, None, None),
 }
 """FLA's own KDA kernels' error ratios on the KDA cases measured (x 1e-3)."""
 KDA_ABOVE_FLA = {
