@@ -104,12 +104,13 @@ def test_a_non_finite_row_reaches_only_its_own_pairs():
 
 
 def test_a_traced_program_takes_fewer_larger_pieces():
-    """Eager, pieces of at most ``PIECE_ELEMENTS`` in-sub-chunk decays (the
-    caches); traced, of ``TRACED_PIECE_ELEMENTS`` (a graph holds each piece's
-    ops once). T = 32768 at HV = 32, K = 128: 512 chunks."""
+    """Eager on the CPU, pieces of at most ``PIECE_ELEMENTS`` in-sub-chunk
+    decays (the caches); traced, or on another device, of
+    ``TRACED_PIECE_ELEMENTS`` (a graph holds each piece's ops once, a GPU
+    launches them once a piece). T = 32768 at HV = 32, K = 128: 512 chunks."""
     from gdn_kcp.kernels.tracing import tracing
 
-    g = torch.empty(512, 32, C, 128, device="meta")
+    g = torch.empty(1, 32, C, 128).expand(512, -1, -1, -1)  # no memory behind the 512 chunks
     per_chunk = 32 * C * 128 * (SUB_CHUNK - 1) // 2
     eager = CHANNEL._pieces(g)
     with tracing(True):
@@ -117,3 +118,4 @@ def test_a_traced_program_takes_fewer_larger_pieces():
     rows = CHANNEL.TRACED_PIECE_ELEMENTS // per_chunk
     assert len(eager) == 512 and rows == 17
     assert [(p.start, p.stop) for p in traced] == [(start, start + rows) for start in range(0, 512, rows)]
+    assert CHANNEL._pieces(g.to("meta")) == traced  # a device other than the CPU

@@ -47,10 +47,12 @@ elements, 0.74 s with 2^22 (a tie on this shared machine) and 1.06 s with
 sub-chunks, the whole at 2^25 took 2 to 3 times 2^22's time."""
 
 TRACED_PIECE_ELEMENTS = 1 << 25
-""":data:`PIECE_ELEMENTS` while a compiler traces the programs: a traced
-graph holds each piece's ops once (about 300 nodes for the scores, 600 for the
-pulls), so it takes fewer, larger pieces, as many as the pairs' pieces before
-they were cut to the causal half."""
+""":data:`PIECE_ELEMENTS` while a compiler traces the programs, and on a
+device other than the CPU: a traced graph holds each piece's ops once (about
+300 nodes for the scores, 600 for the pulls), and a GPU launches each of them
+once per piece (the GPU check's programs stage runs these twins at T = 4096,
+HV = 32, K = 128: a piece a chunk at 2^20), so both take fewer, larger pieces,
+as many as the pairs' pieces before they were cut to the causal half."""
 
 SUB_CHUNK = 16
 """Rows of a sub-chunk, as the Triton programs' (``tl.dot``'s least M and N).
@@ -181,7 +183,8 @@ def _upper_apply(x: torch.Tensor, a: torch.Tensor, blocks: ChannelBlocks, mode: 
 def _pieces(g: torch.Tensor) -> list[slice]:
     """Slices of dim 0 (chunks) of ``g`` ``[NC, H, C, K]`` whose in-sub-chunk decays fit ``PIECE_ELEMENTS``."""
     per_chunk = max(1, g[:1].numel() * (SUB_CHUNK - 1) // 2)  # within: n c (c - 1) / 2 of a chunk's C K
-    rows = max(1, (TRACED_PIECE_ELEMENTS if traced() else PIECE_ELEMENTS) // per_chunk)
+    large = traced() or g.device.type != "cpu"
+    rows = max(1, (TRACED_PIECE_ELEMENTS if large else PIECE_ELEMENTS) // per_chunk)
     return [slice(start, start + rows) for start in range(0, max(g.shape[0], 1), rows)]  # an empty rank: one empty piece
 
 
