@@ -333,8 +333,8 @@ def kernel_saved_layout(ctx, H_qk, HV, K, V, *, dtype=torch.float32, options=Non
     without the layer's ``conv_halo``."""
     d = _dims(ctx, H_qk, HV, K, V, dtype, options)
     return {
-        name: SavedSpec(shape=shape, dtype=_dtype(name, d), nbytes=tensor_nbytes(shape, _dtype(name, d)))
-        for name, shape in saved_shapes(d).items()
+        name: SavedSpec(shape=shape, dtype=dtype, nbytes=tensor_nbytes(shape, dtype))
+        for name, shape in saved_shapes(d).items() for dtype in (_dtype(name, d),)
     }
 
 
