@@ -30,6 +30,11 @@ torch)::
     OMP_NUM_THREADS=1 .venv/bin/python tools/fla_kda_errors.py --site $D                 # the 4 gate cases, bf16
     OMP_NUM_THREADS=1 .venv/bin/python tools/fla_kda_errors.py --site $D --dtype fp16 --case 9 10
     .venv/bin/python tools/fla_kda_errors.py --list                                      # KDA_GRID's indices
+    OMP_NUM_THREADS=1 .venv/bin/python tools/fla_kda_errors.py --site $D --case 6 --seed 1 2 3 --ours
+
+``--seed`` draws the case's inputs from other seeds than the table's 42 (``precision_grid.make_inputs``),
+one row per draw; ``--ours`` adds a row of our torch programs on each draw, so the spread of a figure
+over draws, FLA's and ours, is read in one run (a reduction such as ``dA`` moves by 7x between draws).
 
 (``--site`` defaults to ``$GDN_KCP_FLA_SITE``.) Slow: the last column is each case's seconds.
 """
@@ -201,6 +206,10 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print KDA_GRID's indices and cases, then stop")
     parser.add_argument("--sites", action="store_true",
                         help="also list every tl.dot and bf16 operation run, by FLA's file:line (slower)")
+    parser.add_argument("--seed", type=int, nargs="+", default=[42], metavar="S",
+                        help="draw each case's inputs from each seed S (default: the table's 42)")
+    parser.add_argument("--ours", action="store_true",
+                        help="also our torch programs on each draw, a row beside FLA's")
     parser.add_argument("--exact-fp32-dots", action="store_true",
                         help="fp32 tl.dot operands exact, not read as tf32 (a GPU reads them as tf32)")
     args = parser.parse_args()
@@ -213,7 +222,7 @@ def main() -> int:
     sys.path[1:1] = [str(ROOT / "tests"), str(ROOT / "tools")]
     import torch
     import triton
-    from precision_grid import ABS_PASS, KDA_GRID, error_ratio, make_inputs, reference
+    from precision_grid import ABS_PASS, KDA_GRID, error_ratio, make_inputs, ours, reference
 
     if args.list:
         for i, case in enumerate(KDA_GRID):
@@ -235,25 +244,34 @@ def main() -> int:
 
     print(f"fla-core {fla.__version__}, triton {triton.__version__} (interpreter), torch {torch.__version__}; "
           "error ratio x 1e-3 (in parentheses: largest absolute error <= 1e-6)")
-    print("| case | dtype | " + " | ".join(ORDER) + " | s |\n|---|---|" + "---:|" * (len(ORDER) + 1))
+    print("| case | dtype | seed | kernels | " + " | ".join(ORDER) + " | s |\n|---|---|---:|---|"
+          + "---:|" * (len(ORDER) + 1))
     for dtype in args.dtype:
         for index in args.case:
             case = KDA_GRID[index]
             if case.split is not None:
-                print(f"| {case.name} | {dtype} | KCP ranks: not an FLA call |")
+                print(f"| {case.name} | {dtype} | | | KCP ranks: not an FLA call |")
                 continue
-            start = time.perf_counter()
-            x = make_inputs(case, getattr(torch, DTYPES[dtype]))
-            fla_found, ref = fla_results(chunk_kda, case, x), reference(case, x)
-            cells = []
-            for name in ORDER:
-                if name not in case.names:
-                    cells.append("-")
-                    continue
-                ratio, largest = error_ratio(fla_found[name], ref[name])
-                cells.append(f"{ratio * 1e3:.2f}" if largest > ABS_PASS else f"({ratio * 1e3:.2f})")
-            seconds = time.perf_counter() - start
-            print(f"| {case.name} | {dtype} | " + " | ".join(cells) + f" | {seconds:.0f} |", flush=True)
+            for seed in args.seed:
+                x = make_inputs(case, getattr(torch, DTYPES[dtype]), seed)
+                ref = reference(case, x)
+                start = time.perf_counter()
+                rows = [("FLA", lambda: fla_results(chunk_kda, case, x))]
+                if args.ours:
+                    rows.append(("ours (torch)", lambda: ours(case, x, "torch")))
+                for kernels, run in rows:
+                    found = run()
+                    cells = []
+                    for name in ORDER:
+                        if name not in case.names:
+                            cells.append("-")
+                            continue
+                        ratio, largest = error_ratio(found[name], ref[name])
+                        cells.append(f"{ratio * 1e3:.2f}" if largest > ABS_PASS else f"({ratio * 1e3:.2f})")
+                    seconds = time.perf_counter() - start
+                    start = time.perf_counter()
+                    print(f"| {case.name} | {dtype} | {seed} | {kernels} | " + " | ".join(cells) + f" | {seconds:.0f} |",
+                          flush=True)
     print("\n| operation | operands | fla/ops/ line | count |\n|---|---|---|---:|")
     for (kind, operands, site), count in sorted(MET.items()):
         print(f"| {kind} | {operands} | {site or '-'} | {count} |")
