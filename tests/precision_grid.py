@@ -181,6 +181,7 @@ FLA_KDA_KERNEL_ERRORS = {
     (KDA_GRID[2], torch.bfloat16): (2.65, 2.12, 4.97, 5.10, 4.37, 4.28, 2.73, 3.26, None, None),
     (KDA_GRID[8], torch.bfloat16): (2.78, 2.11, 5.31, 4.48, 3.74, 2.94, 2.71, 3.32, None, None),
     (KDA_GRID[9], torch.bfloat16): (2.83, 2.35, 4.75, 5.31, 5.07, 4.86, 2.77, 4.82, 6.33, 2.25),
+    (KDA_GRID[6], torch.bfloat16): (2.86, 2.01, 4.69, 4.29, 3.74, 2.91, 2.51, 3.28, 4.47, 2.28),
     (KDA_GRID[0], torch.float16): (0.34, 0.25, 0.55, 0.58, 0.46, 0.39, 0.37, 0.40, None, None),
     (KDA_GRID[1], torch.float16): (0.34, 0.25, 0.66, 0.68, 0.45, 0.36, 0.59, 0.43, None, None),
     (KDA_GRID[8], torch.float16): (0.35, 0.26, 0.65, 0.58, 0.47, 0.36, 0.37, 0.43, None, None),
@@ -192,11 +193,14 @@ FLA_KDA_KERNEL_ERRORS = {
 }
 """FLA's own KDA kernels' error ratios on the KDA cases measured (x 1e-3)."""
 KDA_ABOVE_FLA = {
+    (KDA_GRID[6], torch.bfloat16): "dA 5.03e-3 against FLA's 4.47e-3 (limit 4.69e-3) and over bf16 dA's 0.005: the "
+                                   "noise of a cancelling sum (FLA's own over five other draws: 4.11e-3 to 14.36e-3, "
+                                   "ours lower on each); docs/testing.md",
     (KDA_GRID[10], torch.float16): "dA 0.81e-3 against FLA's 0.71e-3 (limit 0.76e-3): dA, the gate gradient summed "
                                    "over every token and channel, is the noise of a cancelling sum; docs/testing.md",
 }
-"""The KDA figures of the torch programs known to be more than 5 % above FLA's kernels' (a strict xfail
-each in CI). Before the torch programs' sub-chunks had 16 rows, as the Triton programs', fp16 dg on B2 T500
+"""The KDA figures of the torch programs known to be more than 5 % above FLA's kernels' on the table's draw
+(a strict xfail each in CI, whatever else the case fails). Before the torch programs' sub-chunks had 16 rows, as the Triton programs', fp16 dg on B2 T500
 was 0.68e-3 against FLA's 0.59e-3, and on B2 T1024 H2 HV8 D64 with the gate in kernel fp16 dA 1.03e-3 and
 dbias 0.49e-3 against 0.95e-3 and 0.40e-3 (now 0.54e-3, 0.86e-3 and 0.39e-3; docs/testing.md)."""
 
