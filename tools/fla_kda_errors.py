@@ -270,8 +270,8 @@ def main() -> int:
                         cells.append(f"{ratio * 1e3:.2f}" if largest > ABS_PASS else f"({ratio * 1e3:.2f})")
                     seconds = time.perf_counter() - start
                     start = time.perf_counter()
-                    print(f"| {case.name} | {dtype} | {seed} | {kernels} | " + " | ".join(cells) + f" | {seconds:.0f} |",
-                          flush=True)
+                    print(f"| {case.name} | {dtype} | {seed} | {kernels} | " + " | ".join(cells)
+                          + f" | {seconds:.0f} |", flush=True)
     print("\n| operation | operands | fla/ops/ line | count |\n|---|---|---|---:|")
     for (kind, operands, site), count in sorted(MET.items()):
         print(f"| {kind} | {operands} | {site or '-'} | {count} |")
