@@ -202,7 +202,8 @@ KDA_ABOVE_FLA = {
 """The KDA figures of the torch programs known to be more than 5 % above FLA's kernels' on the table's draw
 (a strict xfail each in CI, whatever else the case fails). Before the torch programs' sub-chunks had 16
 rows, as the Triton programs', fp16 dg on B2 T500 was 0.68e-3 against FLA's 0.59e-3, and on B2 T1024 H2
-HV8 D64 with the gate in kernel fp16 dA 1.03e-3 and dbias 0.49e-3 against 0.95e-3 and 0.40e-3 (now 0.54e-3, 0.86e-3 and 0.39e-3; docs/testing.md)."""
+HV8 D64 with the gate in kernel fp16 dA 1.03e-3 and dbias 0.49e-3 against 0.95e-3 and 0.40e-3 (now
+0.54e-3, 0.86e-3 and 0.39e-3; docs/testing.md)."""
 
 
 def fla_figures(case: Case, dtype: torch.dtype) -> dict[str, float] | None:
