@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import roofline  # noqa: E402
+from our_launches import our_launches, plan_p, pool_element_sizes  # noqa: E402
 
 from gdn_kcp import OptionsKcp, chunk_gated_delta_rule, last_checkpoint_record  # noqa: E402
 from gdn_kcp.host.programs import count_programs  # noqa: E402
@@ -124,10 +125,9 @@ def modelled_ms(counts: Counter, save_mode: str) -> float:
     """The roofline's time of the counted programs at the full shape (light
     pools' dtypes; a kept-tensor backward is ``save_mode="full"``'s)."""
     shape, ctx, options = roofline.full_shape()
-    e = roofline.pool_element_sizes(ctx, shape, options)
+    e = pool_element_sizes(ctx, shape, options)
     facts = roofline.load_facts()["ours"]
-    launches = roofline.our_launches(shape, e, save_mode, roofline.plan_p(ctx, shape),
-                                     programs={"bwd": tuple(counts.elements())})
+    launches = our_launches(shape, e, save_mode, plan_p(ctx, shape), programs={"bwd": tuple(counts.elements())})
     return roofline.estimate(launches, facts)["total_ms"]
 
 

@@ -122,7 +122,7 @@ FLA_KERNELS = {
                                    {"D": 128, "BD": 128, "NB": 8}, L2_CONFIGS),
 }
 """fla-core 0.5.1's kernels of one ``chunk_gated_delta_rule`` forward and
-backward (the launch order is :func:`roofline.fla_launches`'), with the block
+backward (the launch order is :func:`fla_launches.fla_launches`'), with the block
 sizes its host code picks on an H200 and its autotune lists there. ``NB``
 (l2norm's row blocks: ceil(rows / 65536)) is 8 at the full shape; it is an
 autotune key only (the kernel body does not read it), so one compile serves
@@ -191,7 +191,7 @@ FLA_KDA_KERNELS = {
                                             L2_CONFIGS),
 }
 """fla-core 0.5.1's kernels of one ``chunk_kda`` forward and backward (the
-launch order is :func:`roofline.fla_kda_launches`'): ``chunk_kda(q, k, v,
+launch order is :func:`fla_launches.fla_kda_launches`'): ``chunk_kda(q, k, v,
 g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=...)`` with ``g`` the
 activated log gates [B, T, HV, K] in bf16 (``use_gate_in_kernel``,
 ``safe_gate`` and ``disable_recompute`` False, chunks of 64, no initial or

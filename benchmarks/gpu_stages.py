@@ -106,6 +106,7 @@ def timing(results, s: Setup):
     with ``cu_seqlens`` (whose index takes host syncs: eager where it cannot
     capture, said in ``how``), beside the calibrated model at this packing."""
     import roofline
+    from our_launches import shape_of
 
     ctx = build_kcp_context(list(s.bounds), device=s.device)
     xs = leaves(s)
@@ -114,7 +115,7 @@ def timing(results, s: Setup):
     rows = {name: (lambda mode=mode: gdn_kcp(*xs, ctx, options=OptionsKcp(use_qk_l2norm=True, save_mode=mode))[0])
             for name, mode in (("gdn_kcp", "light"), ("gdn_kcp_inverse", "inverse"))}
     time_beside_fla(results, s, rows, fla_entry, xs, cu, do)
-    shape, facts = roofline.shape_of(ctx, *s.dims), roofline.load_facts()
+    shape, facts = shape_of(ctx, *s.dims), roofline.load_facts()
     light = roofline.compare(shape, facts)
     model = {"gdn_kcp": light["ours"], "fla": light["fla"],
              "gdn_kcp_inverse": roofline.compare(shape, facts, save_mode="inverse")["ours"]}
@@ -147,6 +148,7 @@ def kda(results, s: Setup):
     model's KDA rows at this packing (``roofline.compare_kda``); ours against
     FLA's output (relative RMS) as a check that both ran the same call."""
     import roofline
+    from our_launches import shape_of
 
     from gdn_kcp import chunk_kda
 
@@ -156,7 +158,7 @@ def kda(results, s: Setup):
     rows = {"gdn_kcp": lambda: chunk_kda(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]}
     time_beside_fla(results, s, rows, fla_kda_entry, xs, cu, do)
     ctx = build_kcp_context(list(s.bounds))
-    model = roofline.compare_kda(roofline.shape_of(ctx, *s.dims), roofline.load_facts())
+    model = roofline.compare_kda(shape_of(ctx, *s.dims), roofline.load_facts())
     results["model_ms"] = {name: {"forward": round(r["forward_ms"], 3), "backward": round(r["backward_ms"], 3)}
                            for name, r in model.items()}
 
@@ -255,14 +257,16 @@ def profile(results, s: Setup):
 
 def achieved_tflops(kernel_ms: dict, ctx, dims) -> dict:
     """Achieved TFLOP/s of every profiled kernel the static model counts: its
-    FLOPs in one forward+backward (``roofline.kernel_flops`` at this context's
+    FLOPs in one forward+backward (``launch_model.kernel_flops`` at this context's
     tokens, chunks and documents) over its measured time."""
-    import roofline
+    from fla_launches import fla_launches
+    from launch_model import kernel_flops
+    from our_launches import our_launches, plan_p, pool_element_sizes, shape_of
 
-    shape = roofline.shape_of(ctx, *dims)
-    elements = roofline.pool_element_sizes(ctx, shape, OptionsKcp(use_qk_l2norm=True))
-    flops = {"gdn_kcp": roofline.kernel_flops(roofline.our_launches(shape, elements, P=roofline.plan_p(ctx, shape))),
-             "fla": roofline.kernel_flops(roofline.fla_launches(shape))}
+    shape = shape_of(ctx, *dims)
+    elements = pool_element_sizes(ctx, shape, OptionsKcp(use_qk_l2norm=True))
+    flops = {"gdn_kcp": kernel_flops(our_launches(shape, elements, P=plan_p(ctx, shape))),
+             "fla": kernel_flops(fla_launches(shape))}
     return {name: {kernel: round(flops[name][kernel] / (ms * 1e-3) / 1e12, 2)
                    for kernel, ms in rows.items() if flops[name].get(kernel) and ms > 0}
             for name, rows in kernel_ms.items()}

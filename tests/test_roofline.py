@@ -29,8 +29,12 @@ _spec = importlib.util.spec_from_file_location("recalibrate", ROOT / "benchmarks
 recalibrate = importlib.util.module_from_spec(_spec)
 sys.modules["recalibrate"] = recalibrate
 _spec.loader.exec_module(recalibrate)
+import fla_launches  # noqa: E402  (benchmarks/, on the path roofline set)
+import launch_model  # noqa: E402
+import our_launches  # noqa: E402
+from gdn_kcp.cost_model import H200, Launch, Work  # noqa: E402
+from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT  # noqa: E402
 
-Launch, Work, H200 = roofline.Launch, roofline.Work, roofline.H200
 ETA_M, ETA_C, LATENCY = H200.memory_efficiency, H200.compute_efficiency, H200.step_latency
 TENSOR = {"products": "wgmma", "registers": 128, "num_warps": 4, "shared": 0, "spill_stores": 0}  # 4 resident per SM
 POOLS = {"A": 2, "w": 2, "v_new": 2, "h": 2, "scores": 2, "q_rstd": 4, "k_rstd": 4, "dv_new": 2, "dh": 2, "dq_heads": 2,
@@ -85,14 +89,15 @@ def test_walk_latency_falls_with_fragments_and_rises_with_step_latency():
     shape = replace(TINY, T=64 * 512, NC=512)
 
     def serial(fragments, machine):
-        walk = launch_of(roofline.our_launches(replace(shape, fragments=fragments), POOLS), "tape_walk_kernel", "bwd")
+        launches = our_launches.our_launches(replace(shape, fragments=fragments), POOLS)
+        walk = launch_of(launches, "tape_walk_kernel", "bwd")
         return roofline.terms(walk, TENSOR, machine)["serial"]
 
     assert serial(2, latency_bound) == pytest.approx(serial(1, latency_bound) / 2)  # half the steps, 4 programs
     assert serial(1, latency_bound) > serial(1, H200) > serial(1, replace(H200, step_latency=0.01e-6))
     # 128 programs x 512 steps, each moving its bytes at 1/128 of the HBM: memory-bound once latency is small
     # (and the products run at the full peak)
-    walk = launch_of(roofline.our_launches(roofline.Shape(), POOLS), "tape_walk_kernel", "bwd")
+    walk = launch_of(our_launches.our_launches(roofline.Shape(), POOLS), "tape_walk_kernel", "bwd")
     t = roofline.terms(walk, dict(TENSOR, registers=255, num_warps=8),
                        replace(H200, step_latency=0.01e-6, compute_efficiency=1.0))
     assert walk.programs == 128 and t["serial"] == pytest.approx(walk.work.bytes * 128 / (H200.hbm * ETA_M))
@@ -100,8 +105,8 @@ def test_walk_latency_falls_with_fragments_and_rises_with_step_latency():
 
 
 def test_our_launches_counted_by_hand():
-    launches = roofline.our_launches(TINY, POOLS)
-    full = roofline.our_launches(TINY, POOLS, "full")  # the forward that keeps its tapes: tape walk, output
+    launches = our_launches.our_launches(TINY, POOLS)
+    full = our_launches.our_launches(TINY, POOLS, "full")  # the forward that keeps its tapes: tape walk, output
     output = launch_of(full, "output_kernel")
     assert output.programs == 4  # 2 chunks x 2 heads x 1 value tile
     assert output.work == Work(bf16=131072 + 32768 + 131072,  # QK^T 2*64*64*16, Q S0 2*64*16*16, P Vn 2*64*64*16
@@ -129,7 +134,7 @@ def test_our_launches_counted_by_hand():
     assert local_dv.programs == 2 and local_dv.work == Work(
         bf16=131072 + 2 * 131072,  # Q K^T 2*64*64*16, per head P^T dO 2*64*64*16
         bytes=4096 + 512 + 2 * (128 + 2048 + 2048))  # q k, their norms; per head g, dO, dv
-    single = roofline.our_launches(replace(TINY, HV=1), POOLS)  # a key head of one value head: a program per head
+    single = our_launches.our_launches(replace(TINY, HV=1), POOLS)  # a key head of one value head: a program per head
     assert launch_of(single, "bwd_local_dv_kernel[one head]", "bwd").work == Work(
         bf16=2 * 131072, bytes=4096 + 512 + 128 + 2048 + 2048)
     # W and U 2*64*64*(16 + 16); A read, k, k_rstd, g and beta, v, w and u written
@@ -142,7 +147,7 @@ def test_our_launches_counted_by_hand():
 
 def test_bytes_follow_the_pool_dtypes():
     shape = roofline.Shape()
-    fp32_w, bf16_w = roofline.our_launches(shape, dict(POOLS, w=4)), roofline.our_launches(shape, POOLS)
+    fp32_w, bf16_w = our_launches.our_launches(shape, dict(POOLS, w=4)), our_launches.our_launches(shape, POOLS)
     extra = (launch_of(fp32_w, "tape_walk_kernel", "bwd").work.bytes
              - launch_of(bf16_w, "tape_walk_kernel", "bwd").work.bytes)
     assert extra == shape.NC * shape.C * shape.K * 2  # w read once per chunk, 2 more bytes an element
@@ -154,7 +159,7 @@ BV64 = {"chunk_fwd_kernel_o": dict(BK=64, BV=64), "chunk_gated_delta_rule_fwd_ke
 
 def test_fla_launches_counted_by_hand():
     shape = replace(TINY, K=64, V=64)
-    launches = roofline.fla_launches(shape, BV64)
+    launches = fla_launches.fla_launches(shape, BV64)
     output = launch_of(launches, "chunk_fwd_kernel_o")
     assert output.programs == 4 and output.work == Work(bf16=3 * 524288,  # QK^T, Q h, A v: 2*64*64*64 each
                                                         bytes=16384 + 8192 + 256 + 16384)  # q k, h, g, v o
@@ -163,8 +168,8 @@ def test_fla_launches_counted_by_hand():
     # 7 forward and 9 backward kernel launches; torch ops: zeros of A, the GVA sums (H_qk = 1 < HV = 2), dg's sum,
     # the dk and dg adds and dg's cast
     assert len(launches) == 7 + 9 + 8 and sum(x.kernel is None for x in launches) == 8
-    assert sum(x.kernel is None for x in roofline.fla_launches(replace(shape, H=2))) == 5  # no GVA sums
-    walk = launch_of(roofline.fla_launches(shape, {"chunk_gated_delta_rule_fwd_kernel_h_blockdim64": dict(BV=32)}),
+    assert sum(x.kernel is None for x in fla_launches.fla_launches(replace(shape, H=2))) == 5  # no GVA sums
+    walk = launch_of(fla_launches.fla_launches(shape, {"chunk_gated_delta_rule_fwd_kernel_h_blockdim64": dict(BV=32)}),
                      "chunk_gated_delta_rule_fwd_kernel_h_blockdim64")
     assert walk.programs == 2 * 2 and walk.step.bf16 == 2 * (2 * 64 * 64 * 32)  # value tiles of 32
 
@@ -176,17 +181,18 @@ def test_fla_configurations_are_chosen_per_shape_among_those_that_launch():
     follows the shape: 32 columns for one document (more programs), 64 for 64."""
     facts = roofline.load_facts()["fla"]
     walk = "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64"
-    too_big = [f for f in facts[walk].values() if f["shared"] > roofline.SHARED_MEMORY_LIMIT]
+    too_big = [f for f in facts[walk].values() if f["shared"] > SHARED_MEMORY_LIMIT]
     assert too_big  # BV = 64 at 4 stages and 4 warps needs more than 227 KiB
-    chosen = {roofline.fla_kernels.config_key(roofline.best_fla_facts(s, facts)[walk]["config"])
+    chosen = {roofline.fla_kernels.config_key(fla_launches.best_fla_facts(s, facts)[walk]["config"])
               for s in (roofline.Shape(), roofline.model_shape(32768, 64, 16, 32))}
-    assert all(f["shared"] <= roofline.SHARED_MEMORY_LIMIT for f in roofline.best_fla_facts(roofline.Shape(), facts).values())
+    best = fla_launches.best_fla_facts(roofline.Shape(), facts)
+    assert all(f["shared"] <= SHARED_MEMORY_LIMIT for f in best.values())
     assert len(chosen) == 2 and not chosen & {roofline.fla_kernels.config_key(f["config"]) for f in too_big}
     assert roofline.model_shape(9, 4, 1, 1).fragments == 4 and roofline.model_shape(130, 2, 1, 1).longest == 2
 
 
 def test_the_same_math_counts_the_same_flops():
-    ours, fla = roofline.our_launches(roofline.Shape(), POOLS), roofline.fla_launches(roofline.Shape(), BV64)
+    ours, fla = our_launches.our_launches(roofline.Shape(), POOLS), fla_launches.fla_launches(roofline.Shape(), BV64)
 
     def flops(launches, kernel, phase="bwd"):
         x = launch_of(launches, kernel, phase)
@@ -196,8 +202,8 @@ def test_the_same_math_counts_the_same_flops():
     s = roofline.Shape()
     kk = s.NC * s.HV * 2 * s.C * s.C * s.K
     assert flops(ours, "bwd_wy_kernel") + kk == flops(fla, "prepare_wy_repr_bwd_kernel")
-    fla_o128 = roofline.fla_launches(roofline.Shape(), {"chunk_fwd_kernel_o": dict(BK=128, BV=128)})
-    full = roofline.our_launches(roofline.Shape(), POOLS, "full")
+    fla_o128 = fla_launches.fla_launches(roofline.Shape(), {"chunk_fwd_kernel_o": dict(BK=128, BV=128)})
+    full = our_launches.our_launches(roofline.Shape(), POOLS, "full")
     assert flops(full, "output_kernel", "fwd") == flops(fla_o128, "chunk_fwd_kernel_o", "fwd")  # value tiles of 128
     # the walk with the output does the tape walk's and the output's products, less the Q K^T that the scores
     # form once per key head for its G = 2 value heads (the output forms it per value head)
@@ -214,9 +220,9 @@ def test_kda_launches_counted_by_hand():
     anchors (tf32), the pairs inside the 4 sub-chunks of 16 rows at PAIR_OPS
     a triple, every per-channel decay at DECAY_OPS an element; the gates
     ``[T, HV, K]`` read where GDN's ``[T, HV]`` are."""
-    launches = roofline.our_kda_launches(TINY, POOLS)
-    pair, decay = roofline.PAIR_OPS, roofline.DECAY_OPS
-    assert (pair, decay, roofline.PULL_OPS) == (14, 11, 18)
+    launches = our_launches.our_kda_launches(TINY, POOLS)
+    pair, decay = our_launches.PAIR_OPS, launch_model.DECAY_OPS
+    assert (pair, decay, our_launches.PULL_OPS) == (14, 11, 18)
     scores = launch_of(launches, "channel_scores_kernel")  # one program per chunk and value head: 2 x 2
     assert scores.programs == 4 and scores.work == Work(
         tf32=3 * 2 * 64 * 64 * 16,  # one [64, 64] product over K per anchor
@@ -236,7 +242,7 @@ def test_kda_launches_counted_by_hand():
                      "adjoint_walk_kernel[channel]", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel[channel]",
                      "bwd_gate_cumsum_channel_kernel", "bwd_qk_norm_kernel[channel]"}
     assert names <= set(roofline.load_facts()["ours"])
-    fewer = roofline.our_kda_launches(TINY, POOLS, pair_ops=0, pull_ops=0)
+    fewer = our_launches.our_kda_launches(TINY, POOLS, pair_ops=0, pull_ops=0)
     assert launch_of(fewer, "channel_scores_kernel").work.fp32 == 4 * 64 * 16 * decay
 
 
@@ -262,7 +268,7 @@ def test_kda_program_sequence_is_the_host_paths(monkeypatch):
                        options=OptionsKcp(save_mode=save_mode, use_qk_l2norm=True))
         forward = len(calls)
         o.sum().backward()
-        expected = roofline.our_programs(save_mode, 16)
+        expected = our_launches.our_programs(save_mode, 16)
         assert calls[:forward] == list(expected["fwd"]) and calls[forward:] == list(expected["bwd"]), save_mode
 
 
@@ -271,9 +277,9 @@ def test_fla_kda_launches_counted_by_hand():
     the norms twice) and 8 torch ops; its W / U and state walks do our
     products (the same math, the same FLOPs)."""
     s = roofline.Shape()
-    fla = roofline.fla_kda_launches(s, {"chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]": dict(BV=32)})
+    fla = fla_launches.fla_kda_launches(s, {"chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]": dict(BV=32)})
     assert sum(x.kernel is not None for x in fla) == 17 and sum(x.kernel is None for x in fla) == 8
-    ours = roofline.our_kda_launches(s, POOLS)
+    ours = our_launches.our_kda_launches(s, POOLS)
 
     def flops(launches, kernel, phase="fwd"):
         x = launch_of(launches, kernel, phase)
@@ -307,7 +313,7 @@ def test_docs_state_the_kda_estimates():
     ("light", 16, 4), ("inverse", 16, 4), ("full", 16, 4), ("light", 256, 4),
 ])
 def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K, segments):
-    """roofline.our_programs against the torch programs one forward+backward
+    """our_launches.our_programs against the torch programs one forward+backward
     calls (one rank, one document, the L2 norm) under each save mode, and at
     K = 256, where the forward keeps the tape walk and the output, without
     and with intra-rank segments (P = 4 over 21 chunks: each walk's phases 1
@@ -339,7 +345,7 @@ def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K, segments)
     o, _ = gdn_kcp(q, k, v, g, beta, ctx, options=options)
     forward = len(calls)
     o.sum().backward()
-    expected = roofline.our_programs(save_mode, K, segments is not None)
+    expected = our_launches.our_programs(save_mode, K, segments is not None)
     assert ("walk_output" in expected["fwd"]) == (save_mode != "full" and K <= 128)
     assert [name for name, _ in calls[:forward]] == list(expected["fwd"])
     assert [name for name, _ in calls[forward:]] == list(expected["bwd"])
@@ -421,11 +427,11 @@ def test_gpu_check_rates_and_ratios_come_from_the_model():
 
     ctx = build_kcp_context([0, 70, 200])
     dims = (1, 2, 32, 32)
-    shape = roofline.shape_of(ctx, *dims)
+    shape = our_launches.shape_of(ctx, *dims)
     assert (shape.T, shape.NC, shape.fragments) == (200, 2 + 3, 2)  # chunks cut at each document start
-    elements = roofline.pool_element_sizes(ctx, shape, roofline.OptionsKcp(use_qk_l2norm=True))
-    prep = roofline.kernel_flops(roofline.our_launches(shape, elements))["prep_kernel"]
-    assert prep == sum(x.programs * x.work.flops for x in roofline.our_launches(shape, elements)
+    elements = our_launches.pool_element_sizes(ctx, shape, roofline.OptionsKcp(use_qk_l2norm=True))
+    prep = launch_model.kernel_flops(our_launches.our_launches(shape, elements))["prep_kernel"]
+    assert prep == sum(x.programs * x.work.flops for x in our_launches.our_launches(shape, elements)
                        if x.kernel == "prep_kernel") > 0
     rates = gpu_stages.achieved_tflops({"gdn_kcp": {"prep_kernel": 2.0, "aten::mm": 1.0}}, ctx, dims)
     assert rates == {"gdn_kcp": {"prep_kernel": round(prep / 2e-3 / 1e12, 2)}}
@@ -473,7 +479,7 @@ def test_ours_runs_the_plans_segments():
 
     s = roofline.model_shape(32768, 1, 2, 8)
     launches = roofline.our_shape_launches(s)
-    assert roofline.plan_p(roofline.shape_context(s), s) == 4
+    assert our_launches.plan_p(roofline.shape_context(s), s) == 4
     fwd = [x for x in launches if x.phase == "fwd" and x.kernel in roofline.WALK_KERNELS]
     assert fwd == [launch for launch, _ in walk_launches(4, chunks=512, frags=1, HV=8, K=128, V=128)]
     bwd = [(x.kernel, x.programs, x.steps) for x in launches if x.phase == "bwd" and x.steps and x.kernel in (
@@ -483,7 +489,7 @@ def test_ours_runs_the_plans_segments():
                    ("tape_walk_kernel", 4 * 8 * 4, 128), ("adjoint_segment_summary_kernel", 4 * 8 * 2, 128),
                    ("compose_adjoints_kernel", 8 * 8, 4), ("adjoint_walk_kernel", 4 * 8 * 4, 128)]
     wide = roofline.model_shape(32768, 1, 16, 32)
-    assert roofline.plan_p(roofline.shape_context(wide), wide) == 1
+    assert our_launches.plan_p(roofline.shape_context(wide), wide) == 1
     assert not any("segment" in x.kernel or "compose" in x.kernel for x in roofline.our_shape_launches(wide))
 
 
@@ -497,7 +503,7 @@ def test_docs_state_the_estimates_at_fewer_heads():
         s = roofline.model_shape(32768, 1, H, HV)
         r = roofline.compare(s, facts)
         ours, fla = (r[k]["forward_ms"] + r[k]["backward_ms"] for k in ("ours", "fla"))
-        row = (f"| {H} | {HV} | {roofline.plan_p(roofline.shape_context(s), s)} | {ours:.2f} | {fla:.2f} | "
+        row = (f"| {H} | {HV} | {our_launches.plan_p(roofline.shape_context(s), s)} | {ours:.2f} | {fla:.2f} | "
                f"{ours / fla:.2f} |")
         assert row in text, row
 
