@@ -47,7 +47,6 @@ def run_segment_summaries(k, g, call, tapes, buffers, *, phase_call: str, with_s
 
 def fold_summary(call, seg: Segments, summary: torch.Tensor, *, initial_state) -> None:
     """The crossing-out fragment's KCP summary ``[S_loc | M]`` from its segments."""
-    V = call.V
     call.programs.compose_segments(
         seg.summary, call.index, seg.tables.frag_rows, call.P, initial_state=initial_state, s_in=None,
         start_out=None, final_state_out=None, summary_out=summary,

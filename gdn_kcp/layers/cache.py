@@ -88,7 +88,7 @@ def conv_over_history(x: torch.Tensor, weights: list[torch.Tensor], biases: list
     longer document of the same op; their outputs are dropped), so the
     convolution's forward and backward are :func:`short_conv`'s. The new
     history is the last W inputs of history + document."""
-    N, (BT, D), W = len(bounds) - 1, x.shape, weights[0].shape[-1]
+    N, D, W = len(bounds) - 1, x.shape[1], weights[0].shape[-1]
     if history is None:
         history = x.new_zeros(N, D, W)
     rows = history.transpose(1, 2).reshape(N * W, D).to(x.dtype)  # document n's history: rows n W .. n W + W - 1

@@ -286,8 +286,9 @@ def launch_options(kernel, constexprs: dict) -> dict:
 def input_pointers(name: str) -> set[str]:
     """The pointers of configuration ``name`` in the input dtype (``INPUT_POINTERS``,
     less ``CHANNEL_COMPUTE_POINTERS`` in a ``[channel]`` one)."""
-    inputs = INPUT_POINTERS[kernel_of(name)]
-    return inputs - CHANNEL_COMPUTE_POINTERS.get(kernel_of(name), set()) if name.endswith("[channel]") else inputs
+    kernel = kernel_of(name)
+    inputs = INPUT_POINTERS[kernel]
+    return inputs - CHANNEL_COMPUTE_POINTERS.get(kernel, set()) if name.endswith("[channel]") else inputs
 
 
 def kernel_of(name: str) -> str:

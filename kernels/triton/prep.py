@@ -127,7 +127,7 @@ def prep(
 ) -> None:
     """See ``kernels.torch.prep``."""
     T, H_qk, K = k.shape
-    HV, V = v.shape[1], v.shape[2]
+    HV = v.shape[1]
     ACC = acc_dtype(k)
     if k_rstd_out is not None:
         grid = (triton.cdiv(T, BT), H_qk)
