@@ -23,15 +23,18 @@ from precision_grid import (FLA_KDA_KERNEL_ERRORS, GRID, KDA_ABOVE_FLA, NAMES, T
 DTYPES = (torch.float16, torch.bfloat16)
 
 
-def stated_rows() -> dict[str, list[float]]:
-    """The rows of docs/testing.md's precision table: ``{case | dtype | programs: figures x 1e3}``."""
+def stated_rows() -> dict[str, list[tuple[float, float]]]:
+    """The rows of docs/testing.md's precision table: ``{case | dtype | programs: (low, high) x 1e3 a figure}``;
+    a cell ``a to b`` states a figure that measures a on some CPUs and b on others (their kernels' summation
+    order), any other cell one figure (low = high)."""
     from doc_tables import doc
 
     rows = {}
     for line in doc("testing.md").splitlines():
         if line.startswith("| B"):
             cells = [c.strip() for c in line.strip("|").split("|")]
-            rows[" | ".join(cells[:3])] = [float(c.split("/")[0].strip(" ()")) for c in cells[3:]]
+            figures = [[float(x.strip(" ()")) for x in c.split("/")[0].split(" to ")] for c in cells[3:]]
+            rows[" | ".join(cells[:3])] = [(f[0], f[-1]) for f in figures]
     return rows
 
 
@@ -45,7 +48,8 @@ def check(case, dtype, backend):
     cells = [c.strip() for c in line.strip("|").split("|")]
     stated = stated_rows()[" | ".join(cells[:3])]
     measured = [found[name][0] * 1e3 for name in NAMES]
-    assert all(abs(m - d) <= max(0.02, 0.02 * d) for m, d in zip(measured, stated)), (line, stated)
+    assert all(lo - max(0.02, 0.02 * lo) <= m <= hi + max(0.02, 0.02 * hi) for m, (lo, hi) in zip(measured, stated)), \
+        (line, stated)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
