@@ -231,7 +231,7 @@ def fla_limit(case: Case, dtype: torch.dtype, name: str) -> float | None:
     return fla * (1 + ABOVE_FLA)
 
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 """The ``--dtype`` names of the table's input dtypes."""
 
 SEED = 42  # FLA's test_chunk seed: the table's fixed draw (the tolerances and FLA's figures are held on it)
@@ -418,13 +418,13 @@ def main() -> int:
                         help="with --kda --triton: the Triton programs on KDA_GRID[I] for each I (after the torch "
                              "programs' grid; about 12 minutes a case and dtype for FLA's T = 1024 cases) instead of "
                              "TRITON_KDA_CASES; one-rank cases only (KCP ranks fork without the tf32 reading)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=sorted(DTYPES),
+    parser.add_argument("--dtype", choices=sorted(DTYPE_NAMES), nargs="+", default=sorted(DTYPE_NAMES),
                         help="the input dtypes whose rows run (default: both)")
     parser.add_argument("--seed", type=int, default=SEED,
                         help=f"draw the inputs from this seed (default {SEED}, the table's draw; on another the figures "
                              "meet the tolerances only: FLA's kernels' were measured on the table's draw)")
     args = parser.parse_args()
-    dtypes = [DTYPES[d] for d in sorted(args.dtype, reverse=True)]  # fp16 first, as the table
+    dtypes = [DTYPE_NAMES[d] for d in sorted(args.dtype, reverse=True)]  # fp16 first, as the table
     if args.triton_kda_cases and not (args.kda and args.triton):
         parser.error("--triton-kda-cases needs --kda --triton")
     if args.triton_kda_cases and not all(0 <= i < len(KDA_GRID) for i in args.triton_kda_cases):
