@@ -98,7 +98,7 @@ def test_pytest_process_imports_the_right_kernels():
 
 
 def test_transformers_hub_kernels_import_from_root():
-    """The failure of issue 71: transformers' hub-kernel module imports names
+    """The reported failure: transformers' hub-kernel module imports names
     from ``kernels`` (``CUDAProperties`` and others) when a model module loads."""
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers is not installed")

@@ -20,6 +20,7 @@ RUN_BLOCKS = {
     ("README.md", "Byte queries"): 1,
     ("docs/bytes.md", "Byte queries"): 1,
     ("docs/api.md", "KDA: chunk_kda, kda_kcp and naive_kda_recurrence"): 1,
+    ("docs/api.md", "transformers' models: gdn_kcp.integrations.transformers"): 1,
     ("docs/compile.md", "torch.compile and CUDA graphs"): 2,
     ("docs/compile.md", "Lowering: the traced host path"): 1,  # tests/test_inductor_lowering.py
     ("docs/compile.md", "Activation checkpointing under torch.compile"): 1,
@@ -46,6 +47,18 @@ def test_kda_block():
     ns = run_block("docs/api.md", "KDA: chunk_kda, kda_kcp and naive_kda_recurrence")
     assert ns["o"].shape == (1, 100, 4, 64) and ns["s"].shape == (2, 4, 64, 64)
     assert torch.isfinite(ns["o"]).all()
+
+
+def test_transformers_block():
+    """A packed training step of transformers' Qwen3-Next on gdn_kcp's ops;
+    the block restores transformers' ops when it ends."""
+    pytest.importorskip("transformers")
+    from gdn_kcp.integrations.transformers import is_patched
+
+    ns = run_block("docs/api.md", "transformers' models: gdn_kcp.integrations.transformers")
+    assert torch.isfinite(ns["loss"])
+    assert all(p.grad is not None for p in ns["model"].model.layers[0].linear_attn.parameters())
+    assert not is_patched("qwen3_next")
 
 
 def test_layer_block():
