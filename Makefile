@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test test-extended precision bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check fla-kda-suite gpu-check clean
+.PHONY: demo test test-extended precision bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check fla-kda-suite fla-gdn-suite gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -81,16 +81,24 @@ roofline-facts: $(VENV)/.test
 	&& TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$D/cache \
 	$(PY) benchmarks/roofline.py --refresh-facts --fla-site $$D/fla --triton-site $$D/triton --calibration
 
-# Not CI: flash-linear-attention's own tests/ops/test_kda.py on the CPU with our chunk_kda and fused_recurrent_kda
-# swapped in (tools/fla_kda_swap.py), FLA's torch references the oracle. FLA's tests are not in its package:
-# FLA_TESTS is the file from a checkout (default: downloaded at the commit read here). fla-core 0.6.0 and einops
-# come from the package index into a temporary folder (49 passed, 5 expected failures, 2 skipped: 141 s on 2 cores).
-FLA_KDA_TESTS_URL = https://raw.githubusercontent.com/fla-org/flash-linear-attention/bc3b101dcb713ddc5bd8924b66754eb68b5ccf89/tests/ops/test_kda.py
+# Not CI: flash-linear-attention's own op tests on the CPU with ours swapped in (tools/fla_swap.py), FLA's torch
+# references the oracle, no expected failure: fla-kda-suite runs tests/ops/test_kda.py against our chunk_kda and
+# fused_recurrent_kda, fla-gdn-suite tests/ops/test_gdn.py and test_gdn_kernels.py against our
+# chunk_gated_delta_rule and fused_recurrent_gated_delta_rule. FLA's tests are not in its package: FLA_TESTS is the
+# tests/ops folder of a checkout of FLA (offline), else the files are downloaded at the commit read here.
+# fla-core 0.6.0 and einops come from the package index into a temporary folder (docs/testing.md has the counts).
+FLA_TESTS_URL = https://raw.githubusercontent.com/fla-org/flash-linear-attention/bc3b101dcb713ddc5bd8924b66754eb68b5ccf89/tests/ops
+fla_suite = D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D fla-core==0.6.0 einops==0.8.2 \
+	&& for f in $(2); do if [ -n "$(FLA_TESTS)" ]; then cp "$(FLA_TESTS)/$$f" $$D/; \
+	else curl -sSfL -o $$D/$$f $(FLA_TESTS_URL)/$$f; fi || exit 1; done \
+	&& cd $$D && env -u FLA_CI_ENV FLA_SWAP_SUITE=$(1) PYTHONPATH=$$D:$(CURDIR)/tools OMP_NUM_THREADS=1 \
+	$(abspath $(PY)) -m pytest -p fla_swap -q -rfEXs -p no:cacheprovider -W ignore::DeprecationWarning $(2)
+
 fla-kda-suite: $(VENV)/.test
-	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D fla-core==0.6.0 einops==0.8.2 \
-	&& if [ -n "$(FLA_TESTS)" ]; then cp "$(FLA_TESTS)" $$D/test_kda.py; else curl -sSfL -o $$D/test_kda.py $(FLA_KDA_TESTS_URL); fi \
-	&& cd $$D && env -u FLA_CI_ENV PYTHONPATH=$$D:$(CURDIR)/tools OMP_NUM_THREADS=1 $(abspath $(PY)) -m pytest \
-	-p fla_kda_swap -q -rfEX -p no:cacheprovider -W ignore::DeprecationWarning test_kda.py
+	$(call fla_suite,kda,test_kda.py)
+
+fla-gdn-suite: $(VENV)/.test
+	$(call fla_suite,gdn,test_gdn.py test_gdn_kernels.py)
 
 # Not CI: flash-linear-attention 0.5.1's own GatedDeltaNet layer (its Triton kernels under triton 3.6's
 # interpreter) against ours with the same state dict: training forward and gradients, cu_seqlens, padding

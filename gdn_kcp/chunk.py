@@ -9,11 +9,12 @@ from gdn_kcp.fla_compat import (
     check_chunk_indices,
     check_cp_context,
     check_cu_seqlens_cpu,
+    check_intermediate_states,
     fla_keywords,
     states_v_first,
 )
 from gdn_kcp.gates import gate_keywords
-from gdn_kcp.ops import apply_gdn
+from gdn_kcp.ops import apply_gdn, apply_gdn_states
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.validate import check_flag, check_gdn_inputs
 
@@ -42,8 +43,9 @@ def chunk_gated_delta_rule(
     save_mode: str = "light",
     reuse_recompute_tapes: bool | str | None = None,
     recompute_output: str = "auto",
+    return_intermediate_states: bool = False,
     **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Gated DeltaNet on one rank, chunked (C = 64), with an explicit backward.
 
     flash-linear-attention's signature: the same positional order and keywords
@@ -83,12 +85,18 @@ def chunk_gated_delta_rule(
             non-reentrant ``torch.utils.checkpoint`` the recompute writes the
             tapes the backward binds, and skips the output nothing reads
             (docs/api.md, "Activation checkpointing").
-        kwargs: ``chunk_size`` (64 only), ``transpose_state_layout``,
+        return_intermediate_states: inference only (no gradient can be asked):
+            also return ``h``, the state each 64-token chunk starts from
+            (:func:`chunk_states`), as FLA's ``chunk_kda`` does.
+        kwargs: ``chunk_size`` (16, 32 or 64, as FLA takes it; the programs
+            compute on 64-token chunks whichever is asked, which changes
+            nothing but rounding), ``transpose_state_layout``,
             ``head_first`` (raises ``DeprecationWarning``, as FLA does). Any
             other keyword is a ``TypeError`` (FLA ignores it).
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state
-    fp32 (fp64 for fp64 inputs) or None. Computation is in fp32 (fp64 for fp64
+    fp32 (fp64 for fp64 inputs) or None; with ``return_intermediate_states``
+    ``(o, final_state, h)``. Computation is in fp32 (fp64 for fp64
     inputs). It is the one-rank case of :func:`gdn_kcp` (same host path, save
     plan and workspace layout, default options but those it names).
 
@@ -110,6 +118,7 @@ def chunk_gated_delta_rule(
                                       cu_seqlens=torch.tensor([0, 30, 100]))
     """
     state_v_first = fla_keywords(state_v_first, kwargs)
+    check_intermediate_states(return_intermediate_states, kwargs)
     check_cp_context(cp_context)
     gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
@@ -126,15 +135,17 @@ def chunk_gated_delta_rule(
     options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode,
                          reuse_recompute_tapes=reuse_recompute_tapes, recompute_output=recompute_output)
     return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
-                         output_final_state, state_v_first, gate)
+                         output_final_state, state_v_first, gate, return_intermediate_states)
 
 
 def one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options: OptionsKcp,
-                  scale: float | None, output_final_state: bool, state_v_first: bool, gate):
+                  scale: float | None, output_final_state: bool, state_v_first: bool, gate,
+                  intermediate_states: bool = False):
     """The checked FLA-layout call on one rank (GDN, or KDA with
     ``options.gate == "channel"``): the context of its documents, the ops,
     and FLA's output layouts. ``bounds``: the host-read document bounds (or
-    None, traced); ``initial_state`` already in our ``[N, HV, K, V]`` layout."""
+    None, traced); ``initial_state`` already in our ``[N, HV, K, V]`` layout.
+    With ``intermediate_states``, ``(o, final_state, h)`` (:func:`chunk_states`)."""
     BT = dims.B * dims.T
     n_sms = device_sms(q.device)  # the segment plan fills the device
     if cu_seqlens is None:
@@ -142,17 +153,34 @@ def one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, opt
     else:
         ctx = capped_context(cu_seqlens.to(q.device), [(0, BT)], 0, n_sms=n_sms)
     gate_dims = (dims.HV, dims.K) if options.gate == "channel" else (dims.HV,)
-    o, final_state = apply_gdn(
-        q.reshape(BT, dims.H_qk, dims.K),
-        k.reshape(BT, dims.H_qk, dims.K),
-        v.reshape(BT, dims.HV, dims.V),
-        g.reshape(BT, *gate_dims),
-        beta.reshape(BT, dims.HV),
-        initial_state, ctx, options,
-        float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0, None, gate,
-    )
+    tensors = (q.reshape(BT, dims.H_qk, dims.K), k.reshape(BT, dims.H_qk, dims.K), v.reshape(BT, dims.HV, dims.V),
+               g.reshape(BT, *gate_dims), beta.reshape(BT, dims.HV), initial_state, ctx, options,
+               float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0)
+    if intermediate_states:
+        o, final_state, h = apply_gdn_states(*tensors, gate)
+    else:
+        o, final_state = apply_gdn(*tensors, None, gate)
     if not output_final_state:
         final_state = None
     elif state_v_first:
         final_state = states_v_first(final_state).contiguous()  # FLA's layout, as FLA returns it
-    return o.view(dims.B, dims.T, dims.HV, dims.V), final_state
+    o = o.view(dims.B, dims.T, dims.HV, dims.V)
+    if not intermediate_states:
+        return o, final_state
+    return o, final_state, chunk_states(h, dims.B if cu_seqlens is None else 1, state_v_first)
+
+
+def chunk_states(h: torch.Tensor, B: int, state_v_first: bool) -> torch.Tensor:
+    """The ops' per-chunk states ``[NC, HV, K, V]`` in FLA's layout of
+    ``return_intermediate_states``: ``[B, NC / B, HV, K, V]`` (V and K swapped
+    with ``state_v_first``).
+
+    Without ``cu_seqlens`` the B rows are documents of T tokens, each of
+    ``NT = ceil(T / 64)`` chunks, so this is FLA's ``[B, NT, HV, K, V]``
+    exactly. With ``cu_seqlens`` it is ``[1, NC, HV, K, V]`` with NC the
+    chunk cap of the call's capped context (the same for every packing of a
+    fixed-length ``cu_seqlens``, so one graph serves them): the first
+    ``sum(ceil(len_i / 64))`` rows are FLA's, document after document, the
+    rest zeros."""
+    h = h.view(B, h.shape[0] // B, *h.shape[1:])
+    return states_v_first(h).contiguous() if state_v_first else h

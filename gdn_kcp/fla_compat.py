@@ -17,13 +17,39 @@ from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.validate import INDEX_DTYPES, check_bounds_tensor, check_flag, check_tensor, values_readable
 
 
+FLA_CHUNK_SIZES = {
+    "chunk_gated_delta_rule": ((16, 32, 64), "16, 32, or 64 for Gated Delta Rule"),
+    "chunk_kda": ((32, 64), "either 32 or 64 for KDA"),
+}
+"""The ``chunk_size`` values FLA's chunked entries accept, with the words of
+FLA's refusal (its own tests match them with ``pytest.raises(match=...)``)."""
+
+
+def fla_chunk_size(kwargs: dict, fn: str) -> int:
+    """FLA's ``chunk_size`` keyword of ``fn`` (popped from ``kwargs``; default 64).
+
+    Every size FLA accepts is taken, and the programs compute on
+    ``CHUNK_SIZE = 64``-token chunks whatever was asked: the chunk form is
+    exact at any chunk size, so outputs, states and gradients differ from a
+    smaller chunk's only by rounding, and no byte query changes. What a chunk
+    size names in a result (``return_intermediate_states``' states at chunk
+    starts) is 64 tokens only. Any other value is FLA's ``ValueError`` in its
+    wording, naming the value."""
+    chunk_size = kwargs.pop("chunk_size", CHUNK_SIZE)
+    sizes, words = FLA_CHUNK_SIZES[fn]
+    if type(chunk_size) is not int or chunk_size not in sizes:
+        raise ValueError(f"`chunk_size` must be {words}, got chunk_size = {chunk_size!r} (the programs compute on "
+                         f"{CHUNK_SIZE}-token chunks whichever of {', '.join(map(str, sizes))} is asked)")
+    return chunk_size
+
+
 def fla_keywords(state_v_first: object, kwargs: dict, fn: str = "chunk_gated_delta_rule") -> bool:
     """Check FLA's extra keywords of ``fn``'s ``**kwargs`` and return ``state_v_first``:
     ``transpose_state_layout`` (FLA's deprecated name of ``state_v_first``,
     with FLA's warning and its error when both are given), ``head_first``
     (removed by FLA, which raises ``DeprecationWarning``), ``chunk_size``
-    (only 64; the chunked entry only). FLA ignores any other keyword; here it is a ``TypeError``, so a
-    misspelt option is never dropped."""
+    (the chunked entries only: :func:`fla_chunk_size`). FLA ignores any other keyword; here it is a
+    ``TypeError``, so a misspelt option is never dropped."""
     check_flag("state_v_first", state_v_first)
     kwargs = dict(kwargs)
     if "head_first" in kwargs:
@@ -36,15 +62,23 @@ def fla_keywords(state_v_first: object, kwargs: dict, fn: str = "chunk_gated_del
                       stacklevel=3)
         state_v_first = kwargs.pop("transpose_state_layout")
         check_flag("transpose_state_layout", state_v_first)
-    if "chunk_size" in kwargs and fn in ("chunk_gated_delta_rule", "chunk_kda"):
-        chunk_size = kwargs.pop("chunk_size")
-        if type(chunk_size) is not int or chunk_size != CHUNK_SIZE:
-            raise ValueError(f"chunk_size = {chunk_size!r} is not supported: the kernels cut chunks of "
-                             f"chunk_size={CHUNK_SIZE} tokens only")
+    if fn in FLA_CHUNK_SIZES:
+        fla_chunk_size(kwargs, fn)
     unknown = sorted(kwargs)
     if unknown:
         raise TypeError(f"{fn}() got unexpected keyword arguments {unknown}")
     return state_v_first
+
+
+def check_intermediate_states(return_intermediate_states: object, kwargs: dict) -> None:
+    """``return_intermediate_states`` (a bool): the states it returns are at
+    64-token chunk starts, so it is refused with a smaller ``chunk_size``
+    (a ``ValueError`` naming both), where FLA's would be at that size's."""
+    check_flag("return_intermediate_states", return_intermediate_states)
+    chunk_size = kwargs.get("chunk_size", CHUNK_SIZE)
+    if return_intermediate_states and chunk_size != CHUNK_SIZE:
+        raise ValueError(f"return_intermediate_states=True returns the states at {CHUNK_SIZE}-token chunk starts: "
+                         f"it takes chunk_size = {CHUNK_SIZE} only, got chunk_size = {chunk_size!r}")
 
 
 def check_cp_context(cp_context: object, kcp_entry: str = "gdn_kcp") -> None:

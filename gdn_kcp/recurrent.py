@@ -173,6 +173,7 @@ def fused_recurrent_gated_delta_rule(
     """
     state_v_first = fla_keywords(state_v_first, kwargs, fn="fused_recurrent_gated_delta_rule")
     check_cp_context(cp_context)
+    q, k, v, o_dtype = operands_of_one_dtype(q, k, v)
     for name, x in (("gk", gk), ("gv", gv)):
         if x is not None:
             raise ValueError(f"{name} (a per-channel decay) is not part of Gated DeltaNet: pass the per-head "
@@ -205,4 +206,21 @@ def fused_recurrent_gated_delta_rule(
         final_state = None
     elif state_v_first:
         final_state = states_v_first(final_state).contiguous()
-    return o.view(dims.B, dims.T, dims.HV, dims.V), final_state
+    return o.view(dims.B, dims.T, dims.HV, dims.V).to(o_dtype), final_state
+
+
+def operands_of_one_dtype(q: object, k: object, v: object) -> tuple[object, object, object, torch.dtype | None]:
+    """``(q, k, v, o_dtype)``: FLA's fused recurrent kernel loads q, k and v
+    each in its own dtype, computes in fp32 and returns o in v's dtype, so q
+    and k in fp32 beside an fp16 v is a call it takes (its own tests make it).
+    Such operands are promoted here to their common dtype (exactly: every
+    fp16 / bf16 value is an fp32 value), and o goes back to v's dtype
+    (``o_dtype``; q's, which is v's, when all three agree). Anything that is
+    not three floating tensors is left to the checks, which name it."""
+    operands = (q, k, v)
+    if not all(isinstance(x, Tensor) and x.is_floating_point() for x in operands):
+        return q, k, v, None
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v, v.dtype
+    common = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return q.to(common), k.to(common), v.to(common), v.dtype

@@ -141,8 +141,9 @@ def error_cases():
         "allow_neg_eigval needs the sigmoid": (ValueError, "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel",
                                                dict(allow_neg_eigval=True)),
         "head_first": (DeprecationWarning, "head_first", dict(head_first=False)),
-        "chunk_size": (ValueError, r"chunk_size = 32 is not supported.*chunk_size=64", dict(chunk_size=32)),
-        "chunk_size float": (ValueError, r"chunk_size = 64.0 is not supported", dict(chunk_size=64.0)),
+        "chunk_size": (ValueError, r"`chunk_size` must be 16, 32, or 64 for Gated Delta Rule, got chunk_size = 48",
+                       dict(chunk_size=48)),
+        "chunk_size float": (ValueError, r"`chunk_size` must be .*, got chunk_size = 64.0", dict(chunk_size=64.0)),
         "state_v_first state": (TypeError, r"initial_state must be a torch.Tensor \[N, HV, V, K\], got str",
                                 dict(state_v_first=True, initial_state="h0")),
         "state_v_first shape": (ValueError, r"initial_state must have shape \[N, HV, V, K\] = \(4, 2, 8, 16\), "

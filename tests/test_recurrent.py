@@ -36,6 +36,21 @@ def test_matches_the_oracle_over_packed_documents(l2):
     assert s.dtype == torch.float64 and o.shape == v.shape
 
 
+def test_q_and_k_in_another_dtype_than_v():
+    """FLA's kernel takes fp32 q, k beside fp16 v (its own tests do): the
+    operands are promoted exactly, so the call equals the fp32 call on v's
+    values, its o in v's dtype."""
+    q, k, v, g, beta, h0 = (x.float() for x in inputs())
+    cu = torch.tensor(BOUNDS)
+    v16 = v.half()
+    o, s = fused_recurrent_gated_delta_rule(q, k, v16, g, beta=beta, initial_state=h0, output_final_state=True,
+                                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    ref_o, ref_s = fused_recurrent_gated_delta_rule(q, k, v16.float(), g, beta=beta, initial_state=h0,
+                                                    output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                    cu_seqlens=cu)
+    assert o.dtype == torch.float16 and torch.equal(o, ref_o.half()) and torch.equal(s, ref_s)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("bounds", [[0, 0, 1], [0, 1, 1, 1]])
 def test_one_token_beside_empty_documents(backend, bounds):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
@@ -258,12 +259,11 @@ def check_triton_head_dims(K: int, V: int) -> None:
                          f"checked there), got K = {K}, V = {V}")
 
 
-def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
-              n_final_states: int, workspace: WorkspaceKcp | None, gate: InKernelGate | None = None):
-    """Run the ops on token-layout tensors for rank ``ctx.rank``: ``(o, final_state)``.
-    ``gate``: the gate and beta computed in the programs (:mod:`gdn_kcp.gates`).
-    Inputs are made contiguous here, in traced code: the programs address rows
-    as ``(t * H + h) * D``."""
+def _op_inputs(q, k, v, g, beta, initial_state, ctx: KcpContext, workspace: WorkspaceKcp | None,
+               gate: InKernelGate | None):
+    """What the ops take of a call: the tensors contiguous (in traced code: the
+    programs address rows as ``(t * H + h) * D``), the index of ``q``'s
+    device, the gate parameters in the compute dtype."""
     index = ctx.index_for(q.device)
     if index.chunk_table.device != q.device:
         raise ValueError(
@@ -278,6 +278,15 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
     if initial_state is not None:
         initial_state = initial_state.contiguous()
     gate_params = None if gate is None else gate.params(compute_dtype(q.dtype))
+    return (q, k, v, g, beta, initial_state), index, gate_params
+
+
+def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
+              n_final_states: int, workspace: WorkspaceKcp | None, gate: InKernelGate | None = None):
+    """Run the ops on token-layout tensors for rank ``ctx.rank``: ``(o, final_state)``.
+    ``gate``: the gate and beta computed in the programs (:mod:`gdn_kcp.gates`)."""
+    (q, k, v, g, beta, initial_state), index, gate_params = _op_inputs(q, k, v, g, beta, initial_state, ctx,
+                                                                       workspace, gate)
     return GdnFunction.apply(
         q, k, v, g, beta, initial_state, None if workspace is None else workspace.storage,
         index.chunk_table, index.frag_table, tuple(ctx.meta), ctx.group_name, options.op_arg, scale,
@@ -285,3 +294,30 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
         checkpoint_probe((q, k, v, g, beta, initial_state, gate_params),
                          (q, k, v, g, beta, initial_state, gate_params, index.chunk_table, index.frag_table), options),
     )
+
+
+def apply_gdn_states(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
+                     n_final_states: int, gate: InKernelGate | None = None):
+    """Inference: :func:`apply_gdn`'s ``(o, final_state)`` and ``h``
+    ``[NC, HV, K, V]`` (``NC = ctx.index.n_chunks``, the input dtype): the
+    state each chunk of the index starts from, a document's first chunk
+    holding its initial state (or zeros), the sentinel chunks of a capped
+    index zeros. ``h`` is the forward op's tape at ``save_mode="full"``
+    (:func:`gdn_kcp.gdn_intermediate_states_layout_kcp` sizes it, and the op's
+    fake returns that size); the call records no backward, so it is refused
+    where a gradient could be asked of it."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)):
+        raise ValueError("return_intermediate_states=True is an inference form (as in flash-linear-attention): "
+                         "call it under torch.inference_mode() or torch.no_grad(), or with inputs that need no "
+                         "gradient")
+    options = replace(options, save_mode="full")
+    (q, k, v, g, beta, initial_state), index, gate_params = _op_inputs(q, k, v, g, beta, initial_state, ctx, None,
+                                                                       gate)
+    meta, op_options = tuple(ctx.meta), options.op_arg
+    o, final_state, *saved = torch.ops.gdn_kcp.fwd(
+        q, k, v, g, beta, initial_state, call_workspace(None, meta, q, v, op_options, "fwd"), index.chunk_table,
+        index.frag_table, list(meta), ctx.group_name, op_options, scale, n_final_states, gate_params,
+        *((False, 1.0) if gate is None else gate.beta_mode))
+    h = saved[SAVED_NAMES.index("h")]
+    real = (index.chunk_len > 0).view(-1, 1, 1, 1)  # a capped index's sentinel chunks: no state, zeros
+    return o, final_state, torch.where(real, h, h.new_zeros(()))

@@ -51,10 +51,13 @@ kda_det_saved_bytes_kcp = _for_kda(layout.gdn_det_saved_bytes_kcp)
 kda_det_comm_bytes_kcp = _for_kda(comm.gdn_det_comm_bytes_kcp)
 kda_state_layout_kcp = layout.gdn_state_layout_kcp
 """The states of a KDA call are GDN's (``[N, HV, K, V]``, compute dtype): the same query."""
+kda_intermediate_states_layout_kcp = layout.gdn_intermediate_states_layout_kcp
+"""A KDA call's states at chunk starts are GDN's (``[NC, HV, K, V]``, input dtype): the same query."""
 
 KDA_QUERIES = (
     "kda_checkpoint_bytes_kcp", "kda_comm_bytes_kcp", "kda_det_comm_bytes_kcp", "kda_det_saved_bytes_kcp",
     "kda_det_saved_layout_kcp", "kda_det_workspace_bytes_kcp", "kda_det_workspace_layout_kcp",
+    "kda_intermediate_states_layout_kcp",
     "kda_saved_bytes_kcp", "kda_saved_layout_kcp", "kda_state_layout_kcp", "kda_workspace_bytes_kcp",
     "kda_workspace_layout_kcp",
 )

@@ -367,6 +367,20 @@ def gdn_state_layout_kcp(
             for name, shape in shapes.items()}
 
 
+def gdn_intermediate_states_layout_kcp(
+    ctx: KcpContext, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.float32
+) -> SavedSpec:
+    """What ``return_intermediate_states=True`` returns besides o and the final
+    states: the state each chunk of ``ctx``'s index starts from,
+    ``[ctx.index.n_chunks, HV, K, V]`` in the tape dtype of ``dtype`` inputs
+    (the input dtype; fp64 for fp64): the tape ``h`` of a ``save_mode="full"``
+    forward, which is what the call returns. On one rank without
+    ``cu_seqlens`` that is ``B * ceil(T / 64)`` chunks; a capped context
+    (``cu_seqlens``) has its chunk cap, the real chunks first."""
+    saved = kernel_saved_layout(ctx, 1, HV, K, V, dtype=dtype, options=OptionsKcp(save_mode="full"))
+    return saved["h"]
+
+
 def _deterministic(options: OptionsKcp | None) -> OptionsKcp:
     return replace(options or OptionsKcp(), deterministic=True)
 
