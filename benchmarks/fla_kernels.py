@@ -217,6 +217,32 @@ for the backward's kernels and the walks, ``BK_LIST`` [32, 64] and
 ``wy_dqkg``; dAv's BK = BV = 128 (``check_shared_mem('hopper')``), the
 intra backward's BK = 32 (host code)."""
 
+FLA_KDA_SAFE_GATE_KERNELS = {
+    "chunk_kda_fwd_kernel_intra_sub_chunk": FlaKernel(
+        "fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_intra_sub_chunk",
+        "q:bf16 k:bf16 g:fp32 beta:bf16 Aqk:bf16 Akk:fp32",
+        {"BT": CHUNK, "BC": 16, "BK": 128, "USE_GATHER": True, **VARLEN}, INTRA_BWD_CONFIGS),
+    "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]": FlaKernel(
+        "fla.ops.kda.chunk_intra", "chunk_kda_fwd_kernel_inter_solve_fused",
+        "q:bf16 k:bf16 g:fp32 beta:bf16 Aqk:bf16 Akkd:fp32 Akk:bf16",
+        {"BT": CHUNK, "BC": 16, "NC": 4, "USE_SAFE_GATE": True, **VARLEN}, KKT_CONFIGS),
+    "chunk_kda_bwd_kernel_intra[safe_gate]": FlaKernel(
+        "fla.ops.kda.chunk_intra", "chunk_kda_bwd_kernel_intra",
+        "q:bf16 k:bf16 g:fp32 beta:bf16 dAqk:fp32 dAkk:fp32 dq:fp32 dq2:fp32 dk:fp32 dk2:fp32 dg:fp32 dg2:fp32 "
+        "db:fp32", {"BT": CHUNK, "BC": 16, "BK": 32, "NC": 4, "SAFE_GATE": True, "USE_GATHER": True, **VARLEN},
+        INTRA_BWD_CONFIGS),
+}
+"""The kernels ``chunk_kda(..., safe_gate=True)`` runs in place of three of
+:data:`FLA_KDA_KERNELS` (fla-core 0.5.1, ``fla/ops/kda/chunk_intra.py``): the
+diagonal 16 x 16 blocks of Aqk and Akk as two ``[16, K] x [K, 16]`` products
+per sub-chunk about its middle row (``chunk_kda_fwd_kernel_intra_sub_chunk``,
+which also runs the diagonal blocks' substitution), the fused inter-block
+kernel without the substitution, and the intra backward's diagonal blocks as
+products (``SAFE_GATE``). The safe gate's exponents ``±(g_i - g_mid)`` are
+bounded only because its gate is (``lower_bound`` in [-5, 0)); its
+autotune lists are Hopper's, as :data:`FLA_KDA_KERNELS`'. Their facts are
+``h200_facts.json``'s ``fla_kda_safe_gate``."""
+
 INDEX_POINTERS = ("cu_seqlens", "chunk_indices", "chunk_offsets")
 HEADS = {"H": 16, "HV": 32, "K": 128, "V": 128}
 

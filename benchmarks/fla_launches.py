@@ -13,7 +13,8 @@ from gdn_kcp.cost_model import H200, Launch, Machine, Work, terms, walk
 from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT
 
 import fla_kernels  # benchmarks/fla_kernels.py: FLA 0.5.1's kernel table
-from launch_model import BF16, DECAY_OPS, F32, SOLVE_OPS, Shape, estimate
+import kda_counts  # benchmarks/kda_counts.py: KDA's elementwise work, both sides
+from launch_model import BF16, F32, SOLVE_OPS, Shape, estimate
 
 # ---------------------------------------------------------------- FLA (fla-core 0.5.1)
 
@@ -123,31 +124,45 @@ def fla_estimate(s: Shape, fla_facts: Mapping[str, Mapping[str, Mapping]], m: Ma
 
 # ---------------------------------------------------------------- FLA KDA (fla-core 0.5.1 chunk_kda)
 
-FLA_KDA_DEFAULT_CONFIGS = {label: spec.configs[0] for label, spec in fla_kernels.FLA_KDA_KERNELS.items()}
-"""A configuration of each FLA KDA kernel where no facts pick one."""
-
 KDA_SUB_CHUNK = 16
 """``BC``: the sub-chunk of KDA's intra-chunk kernels (16 rows; 4 to a chunk of 64)."""
 
 
+WALK_LABELS = ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]",
+               "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64[gk]")
+"""FLA's KDA state walks (their value tile sets how often a step's decays are formed)."""
+
+
+def fla_kda_count(s: Shape, label: str, config: Mapping) -> kda_counts.Count:
+    """FLA's elementwise work of kernel ``label`` a chunk and value head at
+    ``config`` (:func:`kda_counts.fla_kda_counts`; the walks' and the output's
+    value tiles set how often a decay is formed)."""
+    gla_bv = config["BV"] if label == "chunk_gla_fwd_kernel_o" else s.V
+    walk_bv = config["BV"] if label in WALK_LABELS else s.V
+    return kda_counts.fla_kda_counts(s.C, s.K, s.V, gla_bv, walk_bv)[label]
+
+
 def fla_kda_kernel_launches(s: Shape, label: str, config: Mapping) -> list[Launch]:
     """The launches of one kernel of FLA 0.5.1's ``chunk_kda`` forward+backward
-    (:data:`fla_kernels.FLA_KDA_KERNELS`) at ``config`` (the walks', the
-    output's and the cumsum's tiles, the token-parallel kernel's heads per
+    (:data:`fla_kernels.FLA_KDA_KERNELS`, and under ``safe_gate``
+    :data:`fla_kernels.FLA_KDA_SAFE_GATE_KERNELS`) at ``config`` (the walks',
+    the output's and the cumsum's tiles, the token-parallel kernel's heads per
     program, the l2norm's rows change the programs and the bytes). FLOPs: 2 m
-    n k per product each program computes; a contraction a kernel computes
-    elementwise on [rows, K] tiles (the token-parallel diagonal blocks, the
-    intra backward's diagonal blocks) counts the same, at fp32; and, as ours
-    (``our_launches.our_kda_launches``), every per-channel decay ``x exp(g)`` at
-    :data:`DECAY_OPS` fp32 ops an element (each kernel's count of the tiles it
-    decays, from its code). Where a
-    program's work depends on its place in the chunk (the token-parallel and
-    the intra backward kernels), the work is the programs' mean."""
+    n k per product each program computes; the elementwise work (the
+    token-parallel and the intra backward's diagonal blocks, every decay, the
+    scans) is :func:`fla_kda_count`'s, in issue slots priced at the fp32
+    peak, as ours (``kda_counts``). Where a program's work depends on its
+    place in the chunk (the token-parallel and the intra backward kernels),
+    the work is the programs' mean."""
     C, K, V, HV, H, NC, n = s.C, s.K, s.V, s.HV, s.H, s.NC, BF16
     G, BC = HV // H, KDA_SUB_CHUNK
     NS = C // BC  # sub-chunks per chunk
     docs, per_doc = s.fragments, s.chunks_per_fragment
     rows = s.T * H  # rows of q or k for the L2 norm
+
+    def elementwise(share: float = 1) -> Work:  # a program's share of the kernel's work a chunk and value head
+        return Work(fp32=fla_kda_count(s, label, config).flops / share)
+
     if label == "l2norm_fwd_kernel":  # GDN's: q and k
         return fla_kernel_launches(s, label, config)
     if label == "l2norm_bwd_kernel[fp32 dy]":  # y, dx bf16; dy fp32 (dq / dk summed in fp32); rstd
@@ -157,81 +172,90 @@ def fla_kda_kernel_launches(s: Shape, label: str, config: Mapping) -> list[Launc
         BS = config["BS"]  # a [C, BS] tile per program: bf16 g in, fp32 out / fp32 dg in and out
         reverse = label.endswith("[reverse]")
         return [Launch("bwd" if reverse else "fwd", label, -(-K // BS) * NC * HV,
-                       Work(bytes=C * BS * ((F32 if reverse else n) + F32)))]
+                       Work(bytes=C * BS * ((F32 if reverse else n) + F32)) + elementwise(-(-K // BS)))]
     if label == "chunk_kda_fwd_kernel_intra_token_parallel":
         # A program per token and BH value heads: for each earlier token j of its sub-chunk and itself (J on
-        # average), two K-long dot products per head (Aqk and Akk entries); it reads its own q, k, g rows and
+        # average), two K-long contractions per head (Aqk and Akk entries); it reads its own q, k, g rows and
         # beta, k and g rows of the J - 1 earlier tokens, and writes J entries of Aqk (bf16) and Akk (fp32).
         heads = min(config["BH"], HV)
         qk_heads = -(-heads // G)  # the key heads its value heads share
         J = (BC + 1) / 2
         return [Launch("fwd", label, s.T * -(-HV // heads),
-                       Work(fp32=J * 2 * (2 * heads * K) + J * heads * K * DECAY_OPS,  # exp(g_i - g_j) k_j
-                            bytes=2 * qk_heads * K * n + heads * (K * F32 + n)
-                            + (J - 1) * (qk_heads * K * n + heads * K * F32) + J * heads * (n + F32)))]
-    if label == "chunk_kda_fwd_kernel_inter_solve_fused":
+                       Work(bytes=2 * qk_heads * K * n + heads * (K * F32 + n)
+                            + (J - 1) * (qk_heads * K * n + heads * K * F32) + J * heads * (n + F32))
+                       + elementwise(C / heads))]
+    if label == "chunk_kda_fwd_kernel_intra_sub_chunk":
+        # safe_gate: a program per sub-chunk: q, k (bf16), g (fp32) and beta in; two [BC, K] x [K, BC] products
+        # (fp32 operands: tf32) about the middle row; Aqk's diagonal block (bf16) and Akk's inverted one (fp32) out
+        return [Launch("fwd", label, NS * NC * HV,
+                       Work(tf32=2 * 2 * BC * BC * K, bytes=BC * K * (2 * n + F32) + BC * n + BC * BC * (n + F32))
+                       + elementwise(NS), BC - 2, Work(fp32=kda_counts.FLOP_PER_SLOT * SOLVE_OPS * BC * BC))]
+    if label in ("chunk_kda_fwd_kernel_inter_solve_fused", "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]"):
         # Off-diagonal blocks: Aqk and Akk per pair of sub-chunks (fp32 operands: tf32 products); the
-        # substitution on the NS diagonal blocks (rows 2 .. BC - 1); the merge, d + 1 products of BC^3 for each
-        # block d below the diagonal (16 at NS = 4, tf32).
-        pairs, solve_steps = NS * (NS - 1) // 2, NS * (BC - 2)
+        # substitution on the NS diagonal blocks (rows 2 .. BC - 1; the sub-chunk kernel's under safe_gate); the
+        # merge, d + 1 products of BC^3 for each block d below the diagonal (16 at NS = 4, tf32).
+        pairs = NS * (NS - 1) // 2
+        solve_steps = 0 if label.endswith("[safe_gate]") else NS * (BC - 2)
         merges = sum((NS - d) * (d + 1) for d in range(1, NS))
         return [Launch("fwd", label, NC * HV,
                        Work(tf32=2 * pairs * 2 * BC * BC * K + merges * 2 * BC**3,
-                            fp32=solve_steps * SOLVE_OPS * BC * BC + 9 * BC * K * DECAY_OPS,  # 9 decayed [BC, K] tiles
                             bytes=C * K * n + (C - BC) * K * n + C * K * F32 + NS * BC * BC * F32 + (NS - 1) * BC * n
-                            + pairs * BC * BC * n + NS * (NS + 1) // 2 * BC * BC * n),
-                       solve_steps, Work(fp32=SOLVE_OPS * BC * BC))]
+                            + pairs * BC * BC * n + NS * (NS + 1) // 2 * BC * BC * n) + elementwise(),
+                       solve_steps, Work(fp32=kda_counts.FLOP_PER_SLOT * SOLVE_OPS * BC * BC))]
     if label in ("recompute_w_u_fwd_kda_kernel", "recompute_w_u_fwd_kda_kernel[qg]"):
         # A (bf16) times beta V and beta exp(g) K; reads beta, A, v, k, g; writes u, w, kg (and qg from q)
         qg = label.endswith("[qg]")
-        w_u = Work(bf16=2 * C * C * (K + V), fp32=(3 if qg else 2) * C * K * DECAY_OPS,
+        w_u = Work(bf16=2 * C * C * (K + V),
                    bytes=C * n + C * C * n + 2 * C * V * n + C * K * (n + F32) + 2 * C * K * n
-                   + (2 * C * K * n if qg else 0))
+                   + (2 * C * K * n if qg else 0)) + elementwise()
         return [Launch("bwd" if qg else "fwd", label, NC * HV, w_u)]
     if label == "chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]":
         # per step: h out, W S, K^T V; reads w, kg (K columns), u, the gate's last row (fp32); writes v_new
         BV = config["BV"]
-        step = Work(bf16=2 * (2 * C * K * BV), fp32=K * DECAY_OPS,  # the state's rows decay by exp(g_last)
-                    bytes=K * BV * n + 2 * C * K * n + 2 * C * BV * n + K * F32)
-        return [walk(phase, label, docs * HV * -(-V // BV), per_doc, step) for phase in ("fwd", "bwd")]
+        NV = -(-V // BV)
+        step = Work(bf16=2 * (2 * C * K * BV), bytes=K * BV * n + 2 * C * K * n + 2 * C * BV * n + K * F32) \
+            + elementwise(NV)
+        return [walk(phase, label, docs * HV * NV, per_doc, step) for phase in ("fwd", "bwd")]
     if label == "chunk_gla_fwd_kernel_o":
         # (q exp(g)) S and Aqk V per value tile; reads q, g (fp32), h, Aqk, v_new; writes o
         BV = config["BV"]
-        return [Launch("fwd", label, NC * HV * -(-V // BV),
-                       Work(bf16=2 * C * K * BV + 2 * C * C * BV, fp32=C * K * DECAY_OPS,
-                            bytes=C * K * (n + F32) + K * BV * n + C * C * n + 2 * C * BV * n))]
+        NV = -(-V // BV)
+        return [Launch("fwd", label, NC * HV * NV,
+                       Work(bf16=2 * C * K * BV + 2 * C * C * BV,
+                            bytes=C * K * (n + F32) + K * BV * n + C * C * n + 2 * C * BV * n) + elementwise(NV))]
     if label == "chunk_kda_bwd_kernel_dAv":
         # dO Vn^T and Aqk^T dO; reads Aqk, v_new, do; writes dv (bf16) and dAqk (fp32)
         return [Launch("bwd", label, NC * HV,
-                       Work(bf16=2 * (2 * C * C * V), bytes=C * C * n + 3 * C * V * n + C * C * F32))]
+                       Work(bf16=2 * (2 * C * C * V), bytes=C * C * n + 3 * C * V * n + C * C * F32) + elementwise())]
     if label == "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64[gk]":
         # per step: dh out; K dS, qg^T dO, W^T dV; reads do, dv, kg, qg, w, the gate's last row; writes dv2
         BV = config["BV"]
-        step = Work(bf16=3 * (2 * C * K * BV), fp32=K * DECAY_OPS,
-                    bytes=K * BV * n + K * F32 + 3 * C * BV * n + 3 * C * K * n)
-        return [walk("bwd", label, docs * HV * -(-V // BV), per_doc, step)]
+        NV = -(-V // BV)
+        step = Work(bf16=3 * (2 * C * K * BV), bytes=K * BV * n + K * F32 + 3 * C * BV * n + 3 * C * K * n) \
+            + elementwise(NV)
+        return [walk("bwd", label, docs * HV * NV, per_doc, step)]
     if label == "chunk_kda_bwd_kernel_wy_dqkg_fused":
         # dO S^T, Vn dS, dV S^T (dq, dk, dw) over K x V; dV V^T and A dV (dA, du: its first key tile);
         # dW kg^T and A dW over K; dA's two products with A
         return [Launch("bwd", label, NC * HV,
                        Work(bf16=3 * (2 * C * K * V) + 2 * (2 * C * C * V) + 2 * (2 * C * C * K) + 2 * (2 * C**3),
-                            fp32=2 * C * K * DECAY_OPS,
                             bytes=C * n + C * C * n + C * K * (2 * n + F32) + 3 * C * K * F32 + 2 * K * V * n
-                            + 5 * C * V * n + C * C * F32 + C * F32))]
-    if label == "chunk_kda_bwd_kernel_intra":
+                            + 5 * C * V * n + C * C * F32 + C * F32) + elementwise())]
+    if label in ("chunk_kda_bwd_kernel_intra", "chunk_kda_bwd_kernel_intra[safe_gate]"):
         # A program per sub-chunk and key tile BK: dAqk, dAkk (fp32) times the gated k of each earlier sub-chunk
         # and, transposed, the gated q and beta k of each later one (NS - 1 in all: tf32 products); the two
-        # diagonal blocks elementwise (fp32); reads its own g, q, k, beta, dq, dk, dg, writes dq2, dk2, dg2,
-        # db; the earlier sub-chunks' k, g and the later ones' q, k, g, beta and their dA blocks (the mean:
-        # (NS - 1) / 2 of each)
+        # diagonal blocks elementwise (fp32), or under safe_gate as four [BC, BC] x [BC, BK] products about the
+        # middle row (tf32); reads its own g, q, k, beta, dq, dk, dg, writes dq2, dk2, dg2, db; the earlier
+        # sub-chunks' k, g and the later ones' q, k, g, beta and their dA blocks (the mean: (NS - 1) / 2 of each)
         BK = min(32, 1 << (K - 1).bit_length())
+        NK = -(-K // BK)
         block = 2 * BC * BC * BK
+        diagonal = 4 * block if label.endswith("[safe_gate]") else 0
         others = (NS - 1) / 2 * (BC * BK * (n + F32) + BC * BK * (2 * n + F32) + BC * n + 2 * 2 * BC * BC * F32)
-        return [Launch("bwd", label, -(-K // BK) * NS * NC * HV,
-                       Work(tf32=(NS - 1) * 2 * block,
-                            fp32=2 * 2 * block + (2 * BC * BC * BK + (NS - 1) * BC * BK + 1.5 * BC * BK) * DECAY_OPS,
+        return [Launch("bwd", label, NK * NS * NC * HV,
+                       Work(tf32=(NS - 1) * 2 * block + diagonal,
                             bytes=BC * BK * (F32 + 2 * n) + BC * n + 6 * BC * BK * F32 + BC * F32 + 2 * BC * BC * F32
-                            + others))]
+                            + others) + elementwise(NK * NS))]
     raise KeyError(label)
 
 
@@ -252,22 +276,48 @@ def fla_kda_torch_ops(s: Shape) -> list[Launch]:
             *gva, op("bwd", "dg to bf16", T * HV * K * (F32 + n)), op("bwd", "db to bf16", T * HV * (F32 + n))]
 
 
-def fla_kda_launches(s: Shape, configs: Mapping[str, Mapping] | None = None) -> list[Launch]:
+SAFE_GATE_SWAPS = {"chunk_kda_fwd_kernel_intra_token_parallel": "chunk_kda_fwd_kernel_intra_sub_chunk",
+                   "chunk_kda_fwd_kernel_inter_solve_fused": "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]",
+                   "chunk_kda_bwd_kernel_intra": "chunk_kda_bwd_kernel_intra[safe_gate]"}
+"""The kernels ``safe_gate=True`` runs in place of :data:`fla_kernels.FLA_KDA_KERNELS`' (its M = 16
+tensor-core path: :data:`fla_kernels.FLA_KDA_SAFE_GATE_KERNELS`)."""
+
+
+def fla_kda_labels(safe_gate: bool = False) -> list[str]:
+    """FLA's ``chunk_kda`` kernels in launch order, on either intra path."""
+    return [SAFE_GATE_SWAPS.get(label, label) if safe_gate else label for label in fla_kernels.FLA_KDA_KERNELS]
+
+
+def fla_kda_launches(s: Shape, configs: Mapping[str, Mapping] | None = None, safe_gate: bool = False) -> list[Launch]:
     """Every launch of FLA's ``chunk_kda`` forward+backward (fla-core 0.5.1),
-    each kernel at ``configs[label]`` (default: the first of its list)."""
-    configs = {**FLA_KDA_DEFAULT_CONFIGS, **(configs or {})}
-    kernels = [launch for label in fla_kernels.FLA_KDA_KERNELS
+    each kernel at ``configs[label]`` (default: the first of its list), with
+    ``safe_gate`` False (the token-parallel intra kernel) or True."""
+    defaults = {label: spec.configs[0] for label, spec in
+                {**fla_kernels.FLA_KDA_KERNELS, **fla_kernels.FLA_KDA_SAFE_GATE_KERNELS}.items()}
+    configs = {**defaults, **(configs or {})}
+    kernels = [launch for label in fla_kda_labels(safe_gate)
                for launch in fla_kda_kernel_launches(s, label, configs[label])]
     return kernels + fla_kda_torch_ops(s)
 
 
+def kda_facts(facts: Mapping, safe_gate: bool = False) -> dict[str, Mapping]:
+    """FLA's KDA compile facts (``facts["fla_kda"]``, and under ``safe_gate``
+    the kernels of ``facts["fla_kda_safe_gate"]`` in place of those they
+    replace), by label."""
+    table = {**facts["fla_kda"], **(facts.get("fla_kda_safe_gate", {}) if safe_gate else {})}
+    return {label: table[label] for label in fla_kda_labels(safe_gate)}
+
+
 def best_fla_kda_facts(s: Shape, fla_kda_facts: Mapping[str, Mapping[str, Mapping]],
                        m: Machine = H200) -> dict[str, dict]:
-    """:func:`best_fla_facts` for KDA's kernels (``facts["fla_kda"]``)."""
+    """:func:`best_fla_facts` for KDA's kernels (``kda_facts(facts, ...)``)."""
     return best_fla_facts(s, fla_kda_facts, m, fla_kda_kernel_launches)
 
 
-def fla_kda_estimate(s: Shape, fla_kda_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200) -> dict:
+def fla_kda_estimate(s: Shape, fla_kda_facts: Mapping[str, Mapping[str, Mapping]], m: Machine = H200,
+                     safe_gate: bool = False) -> dict:
     """FLA ``chunk_kda``'s estimate at shape ``s``, every kernel at its best
-    configuration (``fla_kda_facts``: ``facts["fla_kda"]``)."""
-    return fla_estimate(s, fla_kda_facts, m, fla_kda_kernel_launches, fla_kda_launches)
+    configuration (``fla_kda_facts``: :func:`kda_facts`' for the same
+    ``safe_gate``)."""
+    return fla_estimate(s, fla_kda_facts, m, fla_kda_kernel_launches,
+                        lambda shape, configs: fla_kda_launches(shape, configs, safe_gate))

@@ -1,6 +1,6 @@
 """What the roofline (benchmarks/roofline.py) counts both sides' launches in:
-the shape of a forward and backward, the fp32 ops an elementwise operation
-costs, and the estimate of a list of launches on the cost model of
+the shape of a forward and backward, the fp32 ops of a substitution step, and
+the estimate of a list of launches on the cost model of
 :mod:`gdn_kcp.cost_model` (our launches: ``our_launches.py``; FLA's:
 ``fla_launches.py``)."""
 
@@ -21,16 +21,6 @@ plus the masks)."""
 BF16 = 2
 F32 = 4
 
-EXP_OPS = 9
-"""fp32-pipe ops per exponential: a multiply by log2(e), then MUFU.EX2, which
-issues 16 a clock per SM against 128 fp32 FMAs on sm_90 (CUDA C++
-programming guide, arithmetic instruction throughput). KDA's decays are per
-key channel, elementwise work the size of the products' operands, so both
-sides' KDA rows count them (:data:`DECAY_OPS`; ours also ``our_launches.PAIR_OPS``); GDN's (one
-gate a row) stay uncounted, as the calibration rows were."""
-DECAY_OPS = EXP_OPS + 2
-"""fp32 ops per element of a per-channel decay ``x exp(G)``: the cumsum's
-add, the exponential, the product."""
 
 
 # ---------------------------------------------------------------- shapes

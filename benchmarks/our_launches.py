@@ -14,16 +14,21 @@ from gdn_kcp.cost_model import H200, Launch, Work, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import heads_per_program, walk_block
 from gdn_kcp.kernels.triton.adjoint_summary import adjoint_value_block
+from gdn_kcp.kernels.triton.bwd_dqkwg import BKS_DQKWG
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
+from gdn_kcp.kernels.triton.bwd_wy import BKS_WY
+from gdn_kcp.kernels.triton.channel import BKS_CHANNEL
 from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
+from gdn_kcp.kernels.triton.output import BKS_OUTPUT, BV_OUTPUT
 from gdn_kcp.kernels.triton.scores import SUB_ROWS
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
 
 from gdn_kcp import OptionsKcp, build_kcp_context
 from gdn_kcp.options import walks_with_output
-from gdn_kcp.plan import plan_segments
+from gdn_kcp.plan import plan_segments, segments_for
 from gdn_kcp.queries import gdn_workspace_layout_kcp
-from launch_model import BF16, DECAY_OPS, EXP_OPS, F32, SOLVE_OPS, Shape
+import kda_counts  # benchmarks/kda_counts.py: KDA's elementwise work, both sides
+from launch_model import BF16, F32, SOLVE_OPS, Shape
 
 
 def shape_of(ctx, H_qk: int, HV: int, K: int, V: int) -> Shape:
@@ -222,102 +227,147 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
 
 # ---------------------------------------------------------------- ours, KDA
 
-PAIR_OPS = 5 + EXP_OPS
-"""fp32 ops per (row i, row j, channel d) of our exact pairs inside a
-sub-chunk (``kernels/triton/channel.py``: ``a_id b_jd exp(Γ_id - Γ_jd)``):
-the masked segment cumsum (select, add), the exponential, two products, the
-mask and the sum over d."""
-PULL_OPS = PAIR_OPS + 4
-"""The same per triple for the pairs' two gradients (``channel_pulls``): one
-exponential, then a product pair, a sum and a select for the second side."""
+KDA_SLICES = {"wy_inverse": BKS_CHANNEL, "scores": BKS_CHANNEL, "output": BKS_OUTPUT, "output_bv": BV_OUTPUT,
+              "local_dv": BKS_CHANNEL, "dqkwg": BKS_DQKWG, "wy": BKS_WY}
+"""The key slice of each program that forms the intra-chunk products or
+their pulls (its launcher's ``BKS``), and the output's value tile: the
+counts of ``kda_counts`` that depend on them."""
 
 
-def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", pair_ops: float = PAIR_OPS,
-                     pull_ops: float = PULL_OPS) -> list[Launch]:
+def our_kda_counts(s: Shape) -> dict[str, kda_counts.Count]:
+    """Our KDA programs' elementwise work a chunk and value head at shape ``s``
+    (:func:`kda_counts.our_kda_counts`)."""
+    solve, _ = inverse_work(s.C)
+    return kda_counts.our_kda_counts(s.C, s.K, s.V, walk_block(s.V), KDA_SLICES, solve.fp32 - kda_merge_flops(s.C) / 2)
+
+
+def kda_merge_flops(C: int) -> float:
+    """The WY inverse's exact 8-row merges (fp32 FMAs, counted in FLOPs in
+    :func:`inverse_work`)."""
+    SB = SUBSTITUTION_BLOCK
+    return C // (2 * SB) * 2 * (2 * SB**3)
+
+
+def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: int = 1,
+                     counts: Mapping[str, kda_counts.Count] | None = None) -> list[Launch]:
     """Every Triton launch of one KDA forward and backward (``chunk_kda``'s host
     path, a gate per key channel, the programs of :func:`our_programs`, each
-    at its ``[channel]`` configuration) under ``save_mode``, one segment per
-    fragment. The intra-chunk products go through sub-chunk anchors: per
-    chunk ``NB - 1`` products of ``[C, C]`` over K under tf32
+    at its ``[channel]`` configuration) under ``save_mode``, with P intra-rank
+    segments per fragment. The intra-chunk products go through sub-chunk
+    anchors: per chunk ``NB - 1`` products of ``[C, C]`` over K under tf32
     (``kernels.precision.channel_mode``), the pairs inside each sub-chunk of
-    ``SUB`` rows elementwise (``pair_ops``, ``pull_ops`` an (i, j, d) triple:
-    :data:`PAIR_OPS`, :data:`PULL_OPS`), exact for any gate."""
+    ``SUB`` rows elementwise, exact for any gate. Every program's elementwise
+    work is :func:`our_kda_counts`' (``counts``: others, e.g. with no pair
+    work), in issue slots priced at the fp32 peak (``kda_counts``)."""
     C, K, V, HV, NC = s.C, s.K, s.V, s.HV, s.NC
-    SUB, BW, n = SUB_ROWS, walk_block(V), BF16
-    NB, NW, F, steps = C // SUB, -(-V // BW), s.fragments, s.chunks_per_fragment
+    BW, n = walk_block(V), BF16
+    NB, NW = C // SUB_ROWS, -(-V // BW)
+    F, steps = s.fragments * P, -(-s.chunks_per_fragment // P)
+    count = our_kda_counts(s) if counts is None else counts
     qk = 2 * C * K * n + 2 * C * e["q_rstd"]
     g = C * K * n  # a chunk's gates, one per key channel
     anchored = (NB - 1) * 2 * C * C * K  # the pairs across sub-chunks: one [C, C] product over K per anchor
-    pairs = C * SUB * K  # the (i, j, d) triples inside the sub-chunks
 
-    def products(**extra: float) -> Work:  # channel_products: the anchored products, the pairs, NB decays
-        return Work(tf32=anchored, fp32=pairs * pair_ops + NB * C * K * DECAY_OPS) + Work(**extra)
-
-    def pulls() -> Work:  # channel_pulls over K: both sides' anchored products, the pairs' gradients, NB decays
-        return Work(tf32=2 * anchored, fp32=pairs * pull_ops + NB * C * K * DECAY_OPS)
+    def elementwise(kernel: str, share: int = 1) -> Work:  # a program's share of its kernel's work a chunk
+        return Work(fp32=count[kernel].flops / share)
 
     def wy_inverse(phase: str) -> list[Launch]:
         solve, step = inverse_work(C)
-        work = products(bytes=C * K * n + C * e["k_rstd"] + C * n + g + C * C * e["A"]) + solve
-        return [Launch(phase, "channel_wy_inverse_kernel", NC * HV, work, INVERSE_STEPS, step)]
+        kernel = "channel_wy_inverse_kernel"
+        work = Work(tf32=anchored, bf16=solve.bf16, bytes=C * K * n + C * e["k_rstd"] + C * n + g + C * C * e["A"]) \
+            + elementwise(kernel)
+        return [Launch(phase, kernel, NC * HV, work, INVERSE_STEPS, Work(fp32=step.fp32 * kda_counts.FLOP_PER_SLOT))]
 
     def w_u(phase: str) -> list[Launch]:
-        work = Work(bf16=2 * C * C * K + 2 * C * C * V, fp32=C * K * DECAY_OPS,
+        work = Work(bf16=2 * C * C * K + 2 * C * C * V,
                     bytes=C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * n + g + C * V * n
-                    + C * K * e["w"] + C * V * e["v_new"])
+                    + C * K * e["w"] + C * V * e["v_new"]) + elementwise("prep_kernel[channel]")
         return [Launch(phase, "prep_kernel[channel]", NC * HV, work)]
 
     def tape_walk(phase: str) -> list[Launch]:
-        step = Work(bf16=2 * (2 * C * K * BW), fp32=C * K * DECAY_OPS,
+        kernel = "tape_walk_kernel[channel]"
+        step = Work(bf16=2 * (2 * C * K * BW),
                     bytes=C * K * n + C * e["k_rstd"] + g + C * K * e["w"] + 2 * C * BW * e["v_new"]
-                    + K * BW * e["h"])
-        return [walk(phase, "tape_walk_kernel[channel]", F * HV * NW, steps, step)]
+                    + K * BW * e["h"]) + elementwise(kernel, NW)
+        return [walk(phase, kernel, F * HV * NW, steps, step)]
+
+    def segment_summary(phase: str) -> list[Launch]:  # [S | M] of every segment (M alone where tapes are kept)
+        kernel = "segment_summary_kernel[channel]"
+        width = K if phase == "bwd" and save_mode == "full" else V + K
+        SB = walk_block(V + K)
+        step = Work(bf16=2 * (2 * C * K * SB), bytes=C * K * n + C * e["k_rstd"] + g + C * K * e["w"]
+                    + C * SB * e["v_new"]) + elementwise(kernel)
+        return [walk(phase, kernel, F * HV * -(-width // SB), steps, step)]
+
+    def compose(kernel: str, phase: str) -> list[Launch]:  # P exact fp32 steps of [K, K] x [K, 16] per program
+        BV = min(BV_COMPOSE, V)
+        step = Work(fp32=2 * K * K * BV, bytes=(K * K + 2 * K * BV) * F32)
+        return [walk(phase, kernel, s.fragments * HV * -(-V // BV), P, step)]
+
+    def adjoint_segment_summary(phase: str) -> list[Launch]:  # the adjoint walk's step, nothing stored
+        kernel = "adjoint_segment_summary_kernel[channel]"
+        BA = adjoint_value_block(K, V, channel=True)
+        step = Work(bf16=4 * (2 * C * K * BA), bytes=qk + g + C * K * e["w"] + C * BA * n + C * BA * e["dv_new"]) \
+            + elementwise(kernel)
+        return [walk(phase, kernel, F * HV * -(-V // BA), steps, step)]
 
     def scores(phase: str) -> list[Launch]:  # one program per chunk and value head (its own gates)
-        return [Launch(phase, "channel_scores_kernel", NC * HV, products(bytes=qk + g + C * C * e["scores"]))]
+        work = Work(tf32=anchored, bytes=qk + g + C * C * e["scores"]) + elementwise("channel_scores_kernel")
+        return [Launch(phase, "channel_scores_kernel", NC * HV, work)]
 
     def walk_output(phase: str) -> list[Launch]:  # q and the state's rows decay per channel
-        step = Work(bf16=3 * (2 * C * K * BW) + 2 * C * C * BW, fp32=2 * C * K * DECAY_OPS,
-                    bytes=qk + g + C * K * e["w"] + C * BW * e["v_new"] + C * C * e["scores"] + C * BW * n)
-        return [walk(phase, "walk_output_kernel[channel]", F * HV * NW, steps, step)]
+        kernel = "walk_output_kernel[channel]"
+        step = Work(bf16=3 * (2 * C * K * BW) + 2 * C * C * BW,
+                    bytes=qk + g + C * K * e["w"] + C * BW * e["v_new"] + C * C * e["scores"] + C * BW * n) \
+            + elementwise(kernel, NW)
+        return [walk(phase, kernel, F * HV * NW, steps, step)]
 
     def output(phase: str) -> list[Launch]:
-        work = products(bf16=2 * C * K * V + 2 * C * C * V, fp32=C * K * DECAY_OPS,
-                        bytes=qk + g + K * V * e["h"] + C * V * e["v_new"] + C * V * n)
+        work = Work(tf32=anchored, bf16=2 * C * K * V + 2 * C * C * V,
+                    bytes=qk + g + K * V * e["h"] + C * V * e["v_new"] + C * V * n) \
+            + elementwise("output_kernel[channel]")
         return [Launch(phase, "output_kernel[channel]", NC * HV, work)]
 
     def bwd_local_dv(phase: str) -> list[Launch]:
-        work = products(bf16=2 * C * C * V, bytes=qk + g + C * V * n + C * V * e["dv_new"])
+        work = Work(tf32=anchored, bf16=2 * C * C * V, bytes=qk + g + C * V * n + C * V * e["dv_new"]) \
+            + elementwise("bwd_local_dv_kernel[channel]")
         return [Launch(phase, "bwd_local_dv_kernel[channel]", NC * HV, work)]
 
     def adjoint_walk(phase: str) -> list[Launch]:
-        step = Work(bf16=4 * (2 * C * K * BW), fp32=2 * C * K * DECAY_OPS,
-                    bytes=qk + g + C * K * e["w"] + C * BW * n + 2 * C * BW * e["dv_new"] + K * BW * e["dh"])
-        return [walk(phase, "adjoint_walk_kernel[channel]", F * HV * NW, steps, step)]
+        kernel = "adjoint_walk_kernel[channel]"
+        step = Work(bf16=4 * (2 * C * K * BW),
+                    bytes=qk + g + C * K * e["w"] + C * BW * n + 2 * C * BW * e["dv_new"] + K * BW * e["dh"]) \
+            + elementwise(kernel, NW)
+        return [walk(phase, kernel, F * HV * NW, steps, step)]
 
     def bwd_dqkwg(phase: str) -> list[Launch]:  # dO Vn^T, the state terms, the score terms by channel_pulls
-        work = pulls() + Work(bf16=2 * C * C * V + 3 * (2 * C * K * V), fp32=2 * C * K * DECAY_OPS,
-                              bytes=g + C * V * (n + e["v_new"] + e["dv_new"]) + K * V * (e["h"] + e["dh"]) + qk
-                              + C * K * (e["dq_heads"] + e["dk_heads"] + e["dw"] + e["dgcum"]))
+        work = Work(tf32=2 * anchored, bf16=2 * C * C * V + 3 * (2 * C * K * V),
+                    bytes=g + C * V * (n + e["v_new"] + e["dv_new"]) + K * V * (e["h"] + e["dh"]) + qk
+                    + C * K * (e["dq_heads"] + e["dk_heads"] + e["dw"] + e["dgcum"])) \
+            + elementwise("bwd_dqkwg_kernel[channel]")
         return [Launch(phase, "bwd_dqkwg_kernel[channel]", NC * HV, work)]
 
     def bwd_wy(phase: str) -> list[Launch]:
         # the value pass (A^T dU, dU (beta V)^T), dW (beta exp(G) K)^T, A^T dA A^T, A^T dW; dL's pulls
-        work = pulls() + Work(bf16=2 * C * C * (2 * K + 2 * V + 2 * C), fp32=2 * C * K * DECAY_OPS,
-                              bytes=C * n + g + C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * K * e["dw"]
-                              + C * V * n + C * V * e["dv_new"] + 2 * C * K * e["dk_heads"] + 2 * C * K * e["dgcum"]
-                              + C * V * n + C * n)
+        work = Work(tf32=2 * anchored, bf16=2 * C * C * (2 * K + 2 * V + 2 * C),
+                    bytes=C * n + g + C * C * e["A"] + C * K * n + C * e["k_rstd"] + C * K * e["dw"]
+                    + C * V * n + C * V * e["dv_new"] + 2 * C * K * e["dk_heads"] + 2 * C * K * e["dgcum"]
+                    + C * V * n + C * n) + elementwise("bwd_wy_kernel[channel]")
         return [Launch(phase, "bwd_wy_kernel[channel]", NC * HV, work)]
 
     def bwd_gate_cumsum(phase: str) -> list[Launch]:
-        return [Launch(phase, "bwd_gate_cumsum_channel_kernel", NC * HV, Work(bytes=C * K * (e["dgcum"] + n)))]
+        kernel = "bwd_gate_cumsum_channel_kernel"
+        return [Launch(phase, kernel, NC * HV, Work(bytes=C * K * (e["dgcum"] + n)) + elementwise(kernel))]
 
     by_name = {"prep": lambda phase: [*norm_launches(phase, s, e), *wy_inverse(phase), *w_u(phase)], "w_u": w_u,
                "tape_walk": tape_walk, "output": output, "scores": scores, "walk_output": walk_output,
                "bwd_local_dv": bwd_local_dv, "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
                "bwd_gate_cumsum": bwd_gate_cumsum,
-               "bwd_qk_norm": lambda phase: norm_backward_launches(phase, s, e, "[channel]")}
-    phases = our_programs(save_mode, K)
+               "bwd_qk_norm": lambda phase: norm_backward_launches(phase, s, e, "[channel]"),
+               "segment_summary": segment_summary, "adjoint_segment_summary": adjoint_segment_summary,
+               "compose_segments": lambda phase: compose("compose_segments_kernel", phase),
+               "compose_adjoints": lambda phase: compose("compose_adjoints_kernel", phase)}
+    phases = our_programs(save_mode, K, P > 1)
     return [launch for phase, names in phases.items() for name in names for launch in by_name[name](phase)]
 
 
@@ -340,14 +390,13 @@ def our_shape_launches(s: Shape, save_mode: str = "light") -> list[Launch]:
     return our_launches(s, pool_element_sizes(ctx, s, OptionsKcp(use_qk_l2norm=True)), save_mode, plan_p(ctx, s))
 
 
-def our_kda_shape_launches(s: Shape, save_mode: str = "light", **ops: float) -> list[Launch]:
+def our_kda_shape_launches(s: Shape, save_mode: str = "light", P: int | None = None,
+                           counts: Mapping[str, kda_counts.Count] | None = None) -> list[Launch]:
     """Our KDA launches at shape ``s`` (pool dtypes from the light layout of
-    its context with a gate per key channel); ``ops``: :func:`our_kda_launches`'
-    ``pair_ops`` / ``pull_ops``. One segment per fragment: a shape where the
-    plan runs more is refused."""
+    its context with a gate per key channel) at the plan's P segments
+    (``gdn_kcp.plan.segments_for``, as the host path runs them) or ``P``;
+    ``counts``: :func:`our_kda_launches`'."""
     ctx = shape_context(s)
     options = OptionsKcp(use_qk_l2norm=True, gate="channel")
-    P = plan_segments(ctx, s.HV, s.K, s.V)
-    if P != 1:
-        raise ValueError(f"the KDA rows model one segment per fragment; the plan runs P={P} at {s}")
-    return our_kda_launches(s, pool_element_sizes(ctx, s, options), save_mode, **ops)
+    P = segments_for(ctx, s.HV, s.K, s.V, P)
+    return our_kda_launches(s, pool_element_sizes(ctx, s, options), save_mode, P, counts)

@@ -9,9 +9,13 @@ compile facts (sm_90) and the estimated time, on the CPU (no GPU).
     python benchmarks/roofline.py --recalibrate DIR/gpu_check.json [--json]
     python benchmarks/roofline.py --refresh-facts --fla-site DIR [--triton-site DIR]
 
-KDA (``compare_kda``): ours (``chunk_kda``) against FLA 0.5.1's ``chunk_kda``
-(``fla_kernels.FLA_KDA_KERNELS``) at the same shape, a gate per key channel,
-printed after GDN's rows.
+    python benchmarks/roofline.py --kda-table          # KDA's work a chunk, per program, both sides
+
+KDA (``compare_kda``): ours (``chunk_kda``, at the plan's segments) against FLA
+0.5.1's ``chunk_kda`` on both of its intra paths (``safe_gate`` False and
+True: ``fla_kernels.FLA_KDA_KERNELS``, ``FLA_KDA_SAFE_GATE_KERNELS``) at the
+same shape, a gate per key channel, printed after GDN's rows; ``--json``
+carries it under ``kda`` (``ours``, ``fla``, ``fla_safe_gate``).
 
 Shape: T tokens in ``--docs`` equal documents (B = 1), H_qk = ``--hq``, HV =
 ``--hv``, K = V = 128, bf16 inputs, chunks of C = 64, the q/k L2 norm in the
@@ -39,10 +43,11 @@ What the work counts, the same for both:
   at this shape, recomputation included (a QK^T per value tile counts per
   value tile). Elementwise work is not counted, except the forward
   substitution of the triangular inverses: ``SOLVE_OPS`` fp32 ops per tile
-  element per row step, and KDA's per-channel decays and pairs
-  (``launch_model.DECAY_OPS``, ``our_launches.PAIR_OPS``; the KDA rows only;
-  ``benchmarks/launch_model.py`` holds the shape, these counts and the
-  estimate of a list of launches).
+  element per row step (``benchmarks/launch_model.py`` holds the shape, this
+  count and the estimate of a list of launches). The KDA rows count every
+  elementwise operation of both sides in issue slots, 2 FLOPs each at the
+  fp32 peak (``benchmarks/kda_counts.py``: exponentials, scans, selects,
+  products, the substitution).
 - Bytes: per program, every tile it reads or writes, once (a tile a program
   reads twice is taken to hit the cache), at its dtype: ours the pool dtypes
   of ``gdn_workspace_layout_kcp``, FLA's the dtypes its host code allocates.
@@ -96,14 +101,18 @@ from gdn_kcp.kernels.triton.compile_specs import kernel_of
 
 from gdn_kcp import OptionsKcp
 from gdn_kcp.options import SAVE_MODES
-from gdn_kcp.plan import plan_segments, walk_launches
+from gdn_kcp.plan import plan_segments, segments_for, walk_launches
 from gdn_kcp.queries import gdn_saved_bytes_kcp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fla_kernels  # noqa: E402  (benchmarks/fla_kernels.py: FLA 0.5.1's kernel table)
-from fla_launches import fla_estimate, fla_kda_estimate  # noqa: E402
+import fla_launches as fla_launches_module  # noqa: E402
+import kda_counts  # noqa: E402  (benchmarks/kda_counts.py: KDA's elementwise work)
+from fla_launches import (best_fla_facts, fla_estimate, fla_kda_count, fla_kda_estimate,  # noqa: E402
+                          fla_kda_kernel_launches, kda_facts)
 from launch_model import Shape, estimate, model_shape  # noqa: E402
-from our_launches import full_shape, our_kda_shape_launches, our_shape_launches, shape_context  # noqa: E402
+from our_launches import (full_shape, our_kda_counts, our_kda_shape_launches, our_shape_launches,  # noqa: E402
+                          shape_context)
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTS_FILE = Path(__file__).resolve().parent / "h200_facts.json"
@@ -209,7 +218,8 @@ def warn_if_stale(facts: Mapping) -> None:
 
 def refresh_facts(fla_site: str | None, path: Path = FACTS_FILE) -> dict:
     """Compile ours (``compile_specs.report``) and every configuration of FLA's
-    kernels (GDN's, and KDA's under ``"fla_kda"``) for sm_90 and write them to
+    kernels (GDN's, and KDA's under ``"fla_kda"`` and, its safe-gate path's,
+    ``"fla_kda_safe_gate"``) for sm_90 and write them to
     ``path``."""
     import triton
     from gdn_kcp.kernels.triton.compile_specs import report
@@ -227,12 +237,15 @@ def refresh_facts(fla_site: str | None, path: Path = FACTS_FILE) -> dict:
     fla_kda = fla_kernels.compile_facts(fla_site, [label for label in kda_table if label not in shared],
                                         progress=progress, table=kda_table)
     fla_kda = {label: fla[label] if label in shared else fla_kda[label] for label in kda_table}
-    if any(f["registers"] == 0 for table in (fla, fla_kda) for by_config in table.values()
+    progress("compiling every configuration of FLA's safe-gate KDA kernels for sm_90 ...")
+    fla_kda_safe_gate = fla_kernels.compile_facts(fla_site, progress=progress,
+                                                  table=fla_kernels.FLA_KDA_SAFE_GATE_KERNELS)
+    if any(f["registers"] == 0 for table in (fla, fla_kda, fla_kda_safe_gate) for by_config in table.values()
            for f in by_config.values()):
         raise RuntimeError("ptxas logged nothing for an FLA kernel: run with a fresh TRITON_CACHE_DIR")
     facts = {"triton": triton.__version__, "fla_version": fla_kernels.fla_version(fla_site),
              "ours_digest": source_digest(), "ours": {r["kernel"]: r for r in rows}, "fla": fla,
-             "fla_kda": fla_kda}
+             "fla_kda": fla_kda, "fla_kda_safe_gate": fla_kda_safe_gate}
     path.write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
     return facts
 
@@ -390,40 +403,168 @@ def save_mode_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+KDA_SIDES = ("ours", "fla", "fla_safe_gate")
+"""The KDA estimates: ours, FLA's ``chunk_kda`` with ``safe_gate=False`` (its
+token-parallel intra kernel, the default) and with ``safe_gate=True`` (its
+M = 16 tensor-core path, for gates bounded below)."""
+
+
 def compare_kda(s: Shape, facts: Mapping, m: Machine = H200, save_mode: str = "light") -> dict:
-    """KDA's estimates at shape ``s``: ours (``chunk_kda`` under ``save_mode``)
-    and FLA 0.5.1's ``chunk_kda`` (``facts["fla_kda"]``)."""
+    """KDA's estimates at shape ``s`` (:data:`KDA_SIDES`): ours (``chunk_kda``
+    under ``save_mode``, at the plan's segments) and FLA 0.5.1's ``chunk_kda``
+    on either intra path."""
     return {"ours": estimate(our_kda_shape_launches(s, save_mode), facts["ours"], m),
-            "fla": fla_kda_estimate(s, facts["fla_kda"], m)}
+            "fla": fla_kda_estimate(s, kda_facts(facts), m),
+            "fla_safe_gate": fla_kda_estimate(s, kda_facts(facts, safe_gate=True), m, safe_gate=True)}
 
 
-def kda_pairs_ms(s: Shape, facts: Mapping, m: Machine = H200) -> float:
-    """Milliseconds of our KDA estimate at ``s`` that are the exact pairs'
-    elementwise work: the estimate less the same launches with no work for
-    the (i, j, d) triples inside the sub-chunks."""
+def kda_elementwise_ms(s: Shape, facts: Mapping, m: Machine = H200) -> float:
+    """Milliseconds of our KDA estimate at ``s`` that its elementwise work
+    adds: the estimate less the same launches with none."""
     ours = estimate(our_kda_shape_launches(s), facts["ours"], m)["total_ms"]
-    return ours - estimate(our_kda_shape_launches(s, pair_ops=0, pull_ops=0), facts["ours"], m)["total_ms"]
+    none = {kernel: kda_counts.Count() for kernel in our_kda_counts(s)}
+    return ours - estimate(our_kda_shape_launches(s, counts=none), facts["ours"], m)["total_ms"]
 
 
 def kda_markdown(result: dict) -> str:
-    """One KDA estimate's launches, short: phase, kernel, launches, time (ms)
-    and the share of its compute that is fp32 (elementwise) work."""
-    lines = ["| phase | kernel | n | time (ms) | fp32 GFLOP | tensor GFLOP | GB |",
+    """One KDA estimate's launches, short: phase, kernel, launches, time (ms),
+    the elementwise work (G slots), the tensor-core GFLOP and the GB."""
+    lines = ["| phase | kernel | n | time (ms) | elementwise (G slots) | tensor GFLOP | GB |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['phase']} | {r['kernel']} | {r['n']} | {r['n'] * r['time'] * 1e3:.2f} | "
-                     f"{r['n'] * r['fp32_gflop']:.1f} | {r['n'] * (r['gflop'] - r['fp32_gflop']):.1f} | "
-                     f"{r['n'] * r['gbytes']:.2f} |")
+                     f"{r['n'] * r['fp32_gflop'] / kda_counts.FLOP_PER_SLOT:.1f} | "
+                     f"{r['n'] * (r['gflop'] - r['fp32_gflop']):.1f} | {r['n'] * r['gbytes']:.2f} |")
     return "\n".join(lines)
 
 
-def kda_summary(results: Mapping, pairs_ms: float) -> str:
-    """The sentence of docs/cuda.md on KDA's modelled times."""
-    ours, fla = results["ours"], results["fla"]
+def kda_summary(results: Mapping, elementwise_ms: float) -> str:
+    """The sentence of docs/model.md on KDA's modelled times."""
+    ours, fla, safe = results["ours"], results["fla"], results["fla_safe_gate"]
+    faster = min(fla["total_ms"], safe["total_ms"])
     return (f"ours {ours['total_ms']:.2f} ms (forward {ours['forward_ms']:.2f}, backward {ours['backward_ms']:.2f}), "
             f"FLA's chunk_kda {fla['total_ms']:.2f} ms (forward {fla['forward_ms']:.2f}, backward "
-            f"{fla['backward_ms']:.2f}): **ours is {ours['total_ms'] / fla['total_ms']:.2f}x FLA's time**, "
-            f"{pairs_ms:.2f} ms of ours the exact pairs' elementwise work")
+            f"{fla['backward_ms']:.2f}) and with safe_gate {safe['total_ms']:.2f} ms (forward "
+            f"{safe['forward_ms']:.2f}, backward {safe['backward_ms']:.2f}): **ours is "
+            f"{ours['total_ms'] / faster:.2f}x the faster FLA path's time**, {elementwise_ms:.2f} ms of ours "
+            f"elementwise work")
+
+
+def kda_rows(facts: Mapping, m: Machine = H200, heads=((16, 32), (4, 8), (2, 4)), T: int = 32768) -> list[dict]:
+    """KDA's totals at one document of ``T`` tokens for each (H_qk, HV) of
+    ``heads``, ours at the plan's segments: the issue's three shapes."""
+    rows = []
+    for H, HV in heads:
+        s = model_shape(T, 1, H, HV)
+        r = compare_kda(s, facts, m)
+        rows.append({"H": H, "HV": HV, "P": segments_for(shape_context(s), HV, s.K, s.V, None),
+                     **{f"{side}_ms": r[side]["total_ms"] for side in KDA_SIDES}})
+    return rows
+
+
+def elementwise_at_peak(m: Machine = H200) -> Machine:
+    """``m`` with its fp32 (elementwise) work at the peak issue rate: the
+    bound of KDA's rows where no calibration row says how fast either side's
+    elementwise work runs (the fitted compute efficiency divides the fp32
+    peak too)."""
+    return replace(m, fp32=m.fp32 / m.compute_efficiency)
+
+
+def kda_rows_markdown(rows: list[dict]) -> str:
+    lines = ["| H_qk | HV | P | ours (ms) | FLA (ms) | FLA safe_gate (ms) | ours / faster FLA |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        faster = min(r["fla_ms"], r["fla_safe_gate_ms"])
+        lines.append(f"| {r['H']} | {r['HV']} | {r['P']} | {r['ours_ms']:.2f} | {r['fla_ms']:.2f} | "
+                     f"{r['fla_safe_gate_ms']:.2f} | {r['ours_ms'] / faster:.2f} |")
+    return "\n".join(lines)
+
+
+KDA_PROGRAM_PAIRS = (
+    ("l2 norms", ("l2_rstd_kernel",), ("l2norm_fwd_kernel",)),
+    ("segments (P > 1)", ("segment_summary_kernel[channel]", "compose_segments_kernel",
+                          "adjoint_segment_summary_kernel[channel]", "compose_adjoints_kernel"), ()),
+    ("gate cumsum", (), ("chunk_local_cumsum_vector_kernel",)),
+    ("intra products: L / Akk (+ Aqk)", ("channel_wy_inverse_kernel",),
+     ("chunk_kda_fwd_kernel_intra_token_parallel", "chunk_kda_fwd_kernel_intra_sub_chunk",
+      "chunk_kda_fwd_kernel_inter_solve_fused", "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]")),
+    ("W, U", ("prep_kernel[channel]",), ("recompute_w_u_fwd_kda_kernel", "recompute_w_u_fwd_kda_kernel[qg]")),
+    ("scores (Aqk)", ("channel_scores_kernel",), ()),
+    ("state walk (+ output)", ("walk_output_kernel[channel]", "tape_walk_kernel[channel]"),
+     ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]",)),
+    ("output", ("output_kernel[channel]",), ("chunk_gla_fwd_kernel_o",)),
+    ("local dv", ("bwd_local_dv_kernel[channel]",), ("chunk_kda_bwd_kernel_dAv",)),
+    ("adjoint walk", ("adjoint_walk_kernel[channel]",), ("chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64[gk]",)),
+    ("dq, dk, dw, dg (state, score terms)", ("bwd_dqkwg_kernel[channel]",), ("chunk_kda_bwd_kernel_wy_dqkg_fused",)),
+    ("WY backward, intra pulls", ("bwd_wy_kernel[channel]",),
+     ("chunk_kda_bwd_kernel_intra", "chunk_kda_bwd_kernel_intra[safe_gate]")),
+    ("gate cumsum backward", ("bwd_gate_cumsum_channel_kernel",), ("chunk_local_cumsum_vector_kernel[reverse]",)),
+    ("q, k norm backward", ("bwd_qk_norm_kernel[channel]",), ("l2norm_bwd_kernel[fp32 dy]",)),
+)
+"""The per-program table's rows: what our KDA programs and FLA's kernels do
+the same work of (FLA's forward intra kernels form Aqk and Akk at once; its
+fused backward kernel holds the WY backward's value pass and dA)."""
+
+
+def kda_program_table(s: Shape, facts: Mapping, m: Machine = H200, save_mode: str = "light") -> dict[str, dict]:
+    """Per side (:data:`KDA_SIDES`) and kernel, a step's work a chunk of C
+    tokens and value head: its launches, exponentials, elementwise issue
+    slots (the exponentials' included) and tensor-core FLOPs, from the
+    estimates' launches (ours at the plan's P; a kernel launched twice a step,
+    as our recomputed prep and walk or FLA's recomputed w, u and state walk,
+    counts both). Exponentials are :mod:`kda_counts`' in the proportion of
+    the launch's slots."""
+    results = compare_kda(s, facts, m, save_mode)
+    chunk_heads = s.NC * s.HV
+    out = {}
+    for side in KDA_SIDES:
+        if side == "ours":
+            counts = our_kda_counts(s)
+        else:
+            best = best_fla_facts(s, kda_facts(facts, side == "fla_safe_gate"), m, fla_kda_kernel_launches)
+            counts = {label: fla_kda_count(s, label, f["config"]) for label, f in best.items()
+                      if not label.startswith("l2norm")}
+        rows: dict[str, dict] = {}
+        for r in results[side]["rows"]:
+            if r["products"] == "torch":
+                continue
+            row = rows.setdefault(r["kernel"], {"kernel": r["kernel"], "launches": 0, "exps": 0.0, "slots": 0.0,
+                                                "tensor": 0.0})
+            slots = r["n"] * r["fp32_gflop"] * 1e9 / kda_counts.FLOP_PER_SLOT / chunk_heads
+            count = counts.get(kernel_of(r["kernel"]) if r["kernel"] not in counts else r["kernel"])
+            row["launches"] += r["n"]
+            row["slots"] += slots
+            row["exps"] += slots * count.exps / count.slots if count and count.slots else 0.0
+            row["tensor"] += r["n"] * (r["gflop"] - r["fp32_gflop"]) * 1e9 / chunk_heads
+        out[side] = rows
+    return out
+
+
+def kda_program_markdown(table: Mapping[str, dict]) -> str:
+    """The per-program table, ours and FLA's side by side (:data:`KDA_PROGRAM_PAIRS`;
+    FLA's two intra paths' kernels in one column), and each side's sums."""
+    fla = {**table["fla"], **table["fla_safe_gate"]}
+
+    def cells(rows: Mapping[str, dict], kernels: Sequence[str]) -> str:
+        present = [rows[k] for k in kernels if k in rows]
+        if not present:
+            return "- | - | - | -"
+        names = "<br>".join(r["kernel"] + (f" (x{r['launches']})" if r["launches"] > 1 else "") for r in present)
+        return (f"{names} | " + "<br>".join(f"{r['exps'] / 1e3:,.1f}" for r in present) + " | "
+                + "<br>".join(f"{r['slots'] / 1e3:,.0f}" for r in present) + " | "
+                + "<br>".join(f"{r['tensor'] / 1e6:,.2f}" for r in present))
+
+    lines = ["| work | ours | exp (k) | slots (k) | tensor (MFLOP) | FLA 0.5.1 | exp (k) | slots (k) | "
+             "tensor (MFLOP) |", "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for work, ours, theirs in KDA_PROGRAM_PAIRS:
+        lines.append(f"| {work} | {cells(table['ours'], ours)} | {cells(fla, theirs)} |")
+    lines += ["", "| a step, a chunk of 64 tokens and one value head | exp (k) | slots (k) | tensor (MFLOP) |",
+              "|---|---:|---:|---:|"]
+    for side, label in (("ours", "ours"), ("fla", "FLA, safe_gate=False"), ("fla_safe_gate", "FLA, safe_gate=True")):
+        rows = table[side].values()
+        lines.append(f"| {label} | {sum(r['exps'] for r in rows) / 1e3:,.1f} | "
+                     f"{sum(r['slots'] for r in rows) / 1e3:,.0f} | {sum(r['tensor'] for r in rows) / 1e6:,.2f} |")
+    return "\n".join(lines)
 
 
 def breakdown(results: Mapping) -> str:
@@ -451,6 +592,8 @@ def main() -> None:
     parser.add_argument("--hv", type=int, default=32, help="value heads HV")
     parser.add_argument("--save-mode", choices=SAVE_MODES, default="light", help="our OptionsKcp.save_mode")
     parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    parser.add_argument("--kda-table", action="store_true",
+                        help="print KDA's per-program table (exponentials, slots, tensor FLOPs a chunk) and stop")
     parser.add_argument("--calibration", action="store_true", help="print the calibration table and stop")
     parser.add_argument("--fit", action="store_true", help="refit the three constants and print them")
     parser.add_argument("--recalibrate", type=Path, default=None, metavar="GPU_CHECK_JSON",
@@ -483,11 +626,20 @@ def main() -> None:
         print(calibration_markdown(table))
         return
     shape = model_shape(args.T, args.docs, args.hq, args.hv)
+    if args.kda_table:
+        print(kda_program_markdown(kda_program_table(shape, facts, machine, args.save_mode)))
+        return
     results = compare(shape, facts, machine, args.save_mode)
+    kda = compare_kda(shape, facts, machine, args.save_mode)
     if args.json:
-        print(json.dumps({name: {"forward_ms": r["forward_ms"], "backward_ms": r["backward_ms"], "rows": r["rows"]}
-                          for name, r in results.items()} | {"shape": asdict(shape), "triton": facts["triton"],
-                                                              "calibration": table}, indent=1, default=str))
+        def side(r: Mapping) -> dict:
+            return {"forward_ms": r["forward_ms"], "backward_ms": r["backward_ms"], "rows": r["rows"]}
+
+        print(json.dumps({name: side(r) for name, r in results.items()}
+                         | {"kda": {name: side(r) for name, r in kda.items()}
+                            | {"segments": segments_for(shape_context(shape), shape.HV, shape.K, shape.V, None)},
+                            "shape": asdict(shape), "triton": facts["triton"], "calibration": table},
+                         indent=1, default=str))
         return
     print(f"Shape: T = {shape.T} in {shape.fragments} document(s), H_qk = {shape.H}, HV = {shape.HV}, "
           f"K = V = {shape.K}, bf16; compile facts from triton {facts['triton']}, FLA {facts['fla_version']}.\n")
@@ -497,10 +649,15 @@ def main() -> None:
     print(f"\nours / FLA = {ratio:.2f} (save_mode={args.save_mode!r})\n\n### Save modes\n\n"
           f"{save_mode_markdown(save_mode_table(shape, facts, machine))}")
     print(f"\n### Calibration\n\n{calibration_markdown(table)}")
-    kda = compare_kda(shape, facts, machine, args.save_mode)
-    print(f"\n### KDA (a gate per key channel)\n\n{kda_summary(kda, kda_pairs_ms(shape, facts, machine))}.\n")
+    print(f"\n### KDA (a gate per key channel)\n\n{kda_summary(kda, kda_elementwise_ms(shape, facts, machine))}.\n")
     print(f"Ours (gdn_kcp chunk_kda, Triton):\n\n{kda_markdown(kda['ours'])}\n")
-    print(f"FLA (fla-core 0.5.1 chunk_kda):\n\n{kda_markdown(kda['fla'])}")
+    print(f"FLA (fla-core 0.5.1 chunk_kda, safe_gate=False):\n\n{kda_markdown(kda['fla'])}\n")
+    print(f"FLA (fla-core 0.5.1 chunk_kda, safe_gate=True):\n\n{kda_markdown(kda['fla_safe_gate'])}\n")
+    print(f"At one document of {shape.T:,} tokens and fewer heads (ours at the plan's P):\n\n"
+          f"{kda_rows_markdown(kda_rows(facts, machine, T=shape.T))}\n")
+    print("The same with the elementwise work at the fp32 issue peak (an efficiency of 1 for it, the compute "
+          f"efficiency of the tensor work unchanged):\n\n"
+          f"{kda_rows_markdown(kda_rows(facts, elementwise_at_peak(machine), T=shape.T))}")
     segments = walk_latency_table(facts["ours"], machine)
     plan_ctx = replace(full_shape()[1], n_sms=machine.sms)
     plan_p = {f"HV={hv}": plan_segments(plan_ctx, hv, 128, 128) for hv in (32, 4)}

@@ -3,7 +3,7 @@ estimate: the time rule on hand-counted cases, launches of tiny shapes
 counted by hand, the program sequence it assumes against the host path's,
 the calibration (every measured row within 20 %, the stored constants equal
 to a refit), the committed compile facts against the kernel sources and the
-plan's constants, the figures of docs/cuda.md and the README, and the recalibration from a GPU
+plan's constants, the figures of docs/model.md and the README, and the recalibration from a GPU
 check's JSON (nothing is compiled here: the facts are benchmarks/h200_facts.json)."""
 
 from __future__ import annotations
@@ -217,21 +217,19 @@ def test_the_same_math_counts_the_same_flops():
 
 def test_kda_launches_counted_by_hand():
     """Ours with a gate per key channel: the intra-chunk products through 3
-    anchors (tf32), the pairs inside the 4 sub-chunks of 16 rows at PAIR_OPS
-    a triple, every per-channel decay at DECAY_OPS an element; the gates
-    ``[T, HV, K]`` read where GDN's ``[T, HV]`` are."""
+    anchors (tf32); the elementwise work kda_counts' issue slots at 2 FLOPs
+    each; the gates ``[T, HV, K]`` read where GDN's ``[T, HV]`` are."""
     launches = our_launches.our_kda_launches(TINY, POOLS)
-    pair, decay = our_launches.PAIR_OPS, launch_model.DECAY_OPS
-    assert (pair, decay, our_launches.PULL_OPS) == (14, 11, 18)
+    counts = our_launches.our_kda_counts(TINY)
     scores = launch_of(launches, "channel_scores_kernel")  # one program per chunk and value head: 2 x 2
     assert scores.programs == 4 and scores.work == Work(
         tf32=3 * 2 * 64 * 64 * 16,  # one [64, 64] product over K per anchor
-        fp32=64 * 16 * 16 * pair + 4 * 64 * 16 * decay,  # 4 blocks of 16 x 16 x 16 triples; 1 + 3 decayed tiles
+        fp32=2 * counts["channel_scores_kernel"].slots,
         bytes=4096 + 512 + 2048 + 8192)  # q k, their norms, g [64, 16] bf16, the scores
     walk = launch_of(launches, "walk_output_kernel[channel]")
     assert (walk.programs, walk.steps) == (2, 2) and walk.work == walk.step * 2
     # GDN's step (W S, K^T Vn, Q S, P Vn), the decays of q and of the keys; g per channel
-    assert walk.step == Work(bf16=3 * 32768 + 131072, fp32=2 * 64 * 16 * decay,
+    assert walk.step == Work(bf16=3 * 32768 + 131072, fp32=2 * counts["walk_output_kernel[channel]"].slots,
                              bytes=4096 + 512 + 2048 + 2048 + 2048 + 8192 + 2048)
     dqkwg = launch_of(launches, "bwd_dqkwg_kernel[channel]", "bwd")
     assert dqkwg.work.tf32 == 2 * scores.work.tf32  # the pulls: both sides of every anchor
@@ -242,8 +240,47 @@ def test_kda_launches_counted_by_hand():
                      "adjoint_walk_kernel[channel]", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel[channel]",
                      "bwd_gate_cumsum_channel_kernel", "bwd_qk_norm_kernel[channel]"}
     assert names <= set(roofline.load_facts()["ours"])
-    fewer = our_launches.our_kda_launches(TINY, POOLS, pair_ops=0, pull_ops=0)
-    assert launch_of(fewer, "channel_scores_kernel").work.fp32 == 4 * 64 * 16 * decay
+    segmented = {x.kernel for x in our_launches.our_kda_launches(TINY, POOLS, P=2)}
+    assert segmented - names == {"segment_summary_kernel[channel]", "compose_segments_kernel",
+                                 "adjoint_segment_summary_kernel[channel]", "compose_adjoints_kernel"}
+    assert segmented <= set(roofline.load_facts()["ours"])
+
+
+def test_kda_counts_by_hand():
+    """kda_counts' per-chunk figures at C = 64, K = V = 128: one formation of
+    our products takes an exponential for every (i, j, d) of each whole 16 x
+    16 block and for 4 [64, K] anchor tiles; FLA's token-parallel kernel one
+    per pair of the lower triangles (j <= i); its safe-gate sub-chunk kernel
+    two per element of q and k; an exponential's slots are triton's."""
+    import kda_counts
+
+    assert (kda_counts.EXP_SLOTS, kda_counts.EXP2_SLOTS, kda_counts.FLOP_PER_SLOT) == (12, 8, 2)
+    ours = kda_counts.products(64, 128, 32)
+    assert ours.exps == 4 * 16 * 16 * 128 + 4 * 64 * 128 and ours.gate_loads == 3 * 64 * 128
+    fla = kda_counts.fla_kda_counts(64, 128, 128, 128, 32)
+    assert fla["chunk_kda_fwd_kernel_intra_token_parallel"].exps == 64 * 8.5 * 128
+    assert fla["chunk_kda_fwd_kernel_intra_token_parallel"].slots == 64 * 8.5 * 128 * 12 + 64 * 128
+    assert fla["chunk_kda_fwd_kernel_intra_sub_chunk"].exps == 2 * 64 * 128
+    assert fla["chunk_kda_fwd_kernel_inter_solve_fused"].exps == 9 * 16 * 128  # 3 sub-chunks, 6 pairs
+    assert fla["chunk_kda_bwd_kernel_intra"].exps == 2 * 4 * 16 * 16 * 128 + 18 * 16 * 128
+
+
+def test_kda_estimates_at_the_plans_segments():
+    """``--json`` carries KDA under ``kda``: ours, FLA's on both intra paths,
+    each with its forward and backward; ours runs the plan's P (4 at HV = 8,
+    8 at HV = 4, one document of 32,768 tokens), whose phases join the
+    launches."""
+    facts = roofline.load_facts()
+    for (H, HV), P in (((16, 32), 1), ((4, 8), 4), ((2, 4), 8)):
+        s = roofline.model_shape(32768, 1, H, HV)
+        results = roofline.compare_kda(s, facts)
+        assert set(results) == {"ours", "fla", "fla_safe_gate"}
+        assert all(r["forward_ms"] > 0 and r["backward_ms"] > 0 for r in results.values())
+        kernels = {r["kernel"] for r in results["ours"]["rows"]}
+        assert ("segment_summary_kernel[channel]" in kernels) == (P > 1)
+        assert roofline.segments_for(roofline.shape_context(s), HV, 128, 128, None) == P
+    safe = {r["kernel"] for r in results["fla_safe_gate"]["rows"]}
+    assert "chunk_kda_fwd_kernel_intra_sub_chunk" in safe and "chunk_kda_fwd_kernel_intra_token_parallel" not in safe
 
 
 def test_kda_program_sequence_is_the_host_paths(monkeypatch):
@@ -290,22 +327,33 @@ def test_fla_kda_launches_counted_by_hand():
         fla, "chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]", "bwd")
     token = launch_of(fla, "chunk_kda_fwd_kernel_intra_token_parallel")  # a program per token and BH = 1 head
     assert token.programs == s.T * s.HV
-    facts = roofline.load_facts()["fla_kda"]
-    assert {label: len(by_config) for label, by_config in facts.items()} == {
-        label: len(spec.configs) for label, spec in roofline.fla_kernels.FLA_KDA_KERNELS.items()}
+    facts = roofline.load_facts()
+    for key, table in (("fla_kda", roofline.fla_kernels.FLA_KDA_KERNELS),
+                       ("fla_kda_safe_gate", roofline.fla_kernels.FLA_KDA_SAFE_GATE_KERNELS)):
+        assert {label: len(by_config) for label, by_config in facts[key].items()} == {
+            label: len(spec.configs) for label, spec in table.items()}, key
+    safe = fla_launches.fla_kda_launches(s, safe_gate=True)
+    assert sum(x.kernel is not None for x in safe) == 17
+    assert launch_of(safe, "chunk_kda_fwd_kernel_intra_sub_chunk").programs == s.NC * s.HV * 4  # a sub-chunk each
 
 
 def test_docs_state_the_kda_estimates():
-    """docs/cuda.md's KDA sentence and its two tables are the script's
+    """docs/model.md's KDA sentence, its tables at three head counts, its
+    per-program table and its three launch tables are the script's
     (``compare_kda`` at the full shape, the committed facts)."""
-    from doc_tables import doc
+    from doc_tables import README, doc
 
     facts, s = roofline.load_facts(), roofline.Shape()
     results = roofline.compare_kda(s, facts)
-    text = doc("cuda.md")
-    assert roofline.kda_summary(results, roofline.kda_pairs_ms(s, facts)) in text
-    for name in ("ours", "fla"):
+    text = doc("model.md")
+    assert roofline.kda_summary(results, roofline.kda_elementwise_ms(s, facts)) in text
+    for name in roofline.KDA_SIDES:
         assert roofline.kda_markdown(results[name]) in text, name
+    assert roofline.kda_rows_markdown(roofline.kda_rows(facts)) in text
+    assert roofline.kda_rows_markdown(roofline.kda_rows(facts, roofline.elementwise_at_peak())) in text
+    assert roofline.kda_program_markdown(roofline.kda_program_table(s, facts)) in text
+    ours, fla, safe = (results[k]["total_ms"] for k in roofline.KDA_SIDES)
+    assert f"at {ours / fla:.2f}x FLA's `chunk_kda` and {ours / safe:.2f}x its `safe_gate` path" in README.read_text()
 
 
 @pytest.mark.parametrize("save_mode, K, segments", [
@@ -382,14 +430,14 @@ def test_facts_are_the_kernels_and_the_plans():
 
 
 def test_readme_states_the_estimates():
-    """The figures of docs/cuda.md for ours and FLA at the full shape, its
+    """The figures of docs/model.md for ours and FLA at the full shape, its
     calibration table and its table of save modes, are the script's; so are
     the ratios the README's status states."""
     from doc_tables import README, doc
 
     facts = roofline.load_facts()
     results = roofline.compare(roofline.Shape(), facts)
-    text = doc("cuda.md")
+    text = doc("model.md")
     for name in ("ours", "FLA"):
         r = results[name.lower()]
         stated = f"{name} {r['total_ms']:.2f} ms (forward {r['forward_ms']:.2f}, backward {r['backward_ms']:.2f})"
@@ -406,11 +454,11 @@ def test_readme_states_the_estimates():
 
 
 def test_readme_and_docs_state_the_walk_over_segments():
-    """The table of the forward walk over P in docs/cuda.md is the script's
+    """The table of the forward walk over P in docs/model.md is the script's
     walk_latency_table (the committed compile facts)."""
     from doc_tables import doc
 
-    text = doc("cuda.md")
+    text = doc("model.md")
     for row in roofline.walk_latency_table(roofline.load_facts()["ours"]):
         line = f"| {row['P']} | {row['HV=32']:,.0f} | {row['HV=4']:,.0f} | {row[roofline.STEPS_ALONE]:,.0f} |"
         assert line in text, line
@@ -494,11 +542,11 @@ def test_ours_runs_the_plans_segments():
 
 
 def test_docs_state_the_estimates_at_fewer_heads():
-    """docs/cuda.md's table of ours against FLA at fewer heads (one document
+    """docs/model.md's table of ours against FLA at fewer heads (one document
     of 32,768 tokens, the plan's P) is the script's."""
     from doc_tables import doc
 
-    text, facts = doc("cuda.md"), roofline.load_facts()
+    text, facts = doc("model.md"), roofline.load_facts()
     for H, HV in ((16, 32), (4, 8), (2, 8), (1, 4)):
         s = roofline.model_shape(32768, 1, H, HV)
         r = roofline.compare(s, facts)
