@@ -9,7 +9,7 @@ from gdn_kcp.fla_compat import (
     check_chunk_indices,
     check_cp_context,
     check_cu_seqlens_cpu,
-    check_intermediate_states,
+    states_chunk_size,
     fla_keywords,
     states_v_first,
 )
@@ -86,11 +86,12 @@ def chunk_gated_delta_rule(
             tapes the backward binds, and skips the output nothing reads
             (docs/api.md, "Activation checkpointing").
         return_intermediate_states: inference only (no gradient can be asked):
-            also return ``h``, the state each 64-token chunk starts from
-            (:func:`chunk_states`), as FLA's ``chunk_kda`` does.
+            also return ``h``, the state each chunk of ``chunk_size`` tokens
+            starts from (:func:`chunk_states`), as FLA's ``chunk_kda`` does.
         kwargs: ``chunk_size`` (16, 32 or 64, as FLA takes it; the programs
             compute on 64-token chunks whichever is asked, which changes
-            nothing but rounding), ``transpose_state_layout``,
+            nothing but rounding; it sets where the intermediate states are
+            taken), ``transpose_state_layout``,
             ``head_first`` (raises ``DeprecationWarning``, as FLA does). Any
             other keyword is a ``TypeError`` (FLA ignores it).
 
@@ -118,7 +119,7 @@ def chunk_gated_delta_rule(
                                       cu_seqlens=torch.tensor([0, 30, 100]))
     """
     state_v_first = fla_keywords(state_v_first, kwargs)
-    check_intermediate_states(return_intermediate_states, kwargs)
+    states_every = states_chunk_size(return_intermediate_states, kwargs)
     check_cp_context(cp_context)
     gate = gate_keywords(g, beta, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
@@ -135,17 +136,18 @@ def chunk_gated_delta_rule(
     options = OptionsKcp(use_qk_l2norm=use_qk_l2norm_in_kernel, save_mode=save_mode,
                          reuse_recompute_tapes=reuse_recompute_tapes, recompute_output=recompute_output)
     return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
-                         output_final_state, state_v_first, gate, return_intermediate_states)
+                         output_final_state, state_v_first, gate, states_every)
 
 
 def one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options: OptionsKcp,
                   scale: float | None, output_final_state: bool, state_v_first: bool, gate,
-                  intermediate_states: bool = False):
+                  states_every: int | None = None):
     """The checked FLA-layout call on one rank (GDN, or KDA with
     ``options.gate == "channel"``): the context of its documents, the ops,
     and FLA's output layouts. ``bounds``: the host-read document bounds (or
     None, traced); ``initial_state`` already in our ``[N, HV, K, V]`` layout.
-    With ``intermediate_states``, ``(o, final_state, h)`` (:func:`chunk_states`)."""
+    With ``states_every`` (a chunk size), ``(o, final_state, h)``: the states
+    at the starts of chunks of that many tokens (:func:`chunk_states`)."""
     BT = dims.B * dims.T
     n_sms = device_sms(q.device)  # the segment plan fills the device
     if cu_seqlens is None:
@@ -156,8 +158,8 @@ def one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, opt
     tensors = (q.reshape(BT, dims.H_qk, dims.K), k.reshape(BT, dims.H_qk, dims.K), v.reshape(BT, dims.HV, dims.V),
                g.reshape(BT, *gate_dims), beta.reshape(BT, dims.HV), initial_state, ctx, options,
                float(dims.K**-0.5 if scale is None else scale), dims.N if output_final_state else 0)
-    if intermediate_states:
-        o, final_state, h = apply_gdn_states(*tensors, gate)
+    if states_every is not None:
+        o, final_state, h = apply_gdn_states(*tensors, gate, states_every)
     else:
         o, final_state = apply_gdn(*tensors, None, gate)
     if not output_final_state:
@@ -165,22 +167,27 @@ def one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, opt
     elif state_v_first:
         final_state = states_v_first(final_state).contiguous()  # FLA's layout, as FLA returns it
     o = o.view(dims.B, dims.T, dims.HV, dims.V)
-    if not intermediate_states:
+    if states_every is None:
         return o, final_state
-    return o, final_state, chunk_states(h, dims.B if cu_seqlens is None else 1, state_v_first)
+    return o, final_state, chunk_states(h, None if cu_seqlens is None else 1, dims, states_every, state_v_first)
 
 
-def chunk_states(h: torch.Tensor, B: int, state_v_first: bool) -> torch.Tensor:
-    """The ops' per-chunk states ``[NC, HV, K, V]`` in FLA's layout of
-    ``return_intermediate_states``: ``[B, NC / B, HV, K, V]`` (V and K swapped
+def chunk_states(h: torch.Tensor, rows: int | None, dims, chunk_size: int, state_v_first: bool) -> torch.Tensor:
+    """The ops' states at chunk starts (``[n, HV, K, V]``, the real ones
+    first) in FLA's layout of ``return_intermediate_states`` (V and K swapped
     with ``state_v_first``).
 
-    Without ``cu_seqlens`` the B rows are documents of T tokens, each of
-    ``NT = ceil(T / 64)`` chunks, so this is FLA's ``[B, NT, HV, K, V]``
-    exactly. With ``cu_seqlens`` it is ``[1, NC, HV, K, V]`` with NC the
-    chunk cap of the call's capped context (the same for every packing of a
-    fixed-length ``cu_seqlens``, so one graph serves them): the first
-    ``sum(ceil(len_i / 64))`` rows are FLA's, document after document, the
-    rest zeros."""
-    h = h.view(B, h.shape[0] // B, *h.shape[1:])
+    Without ``cu_seqlens`` (``rows`` None) the B rows are documents of T
+    tokens, each of ``NT = ceil(T / chunk_size)`` chunks: FLA's
+    ``[B, NT, HV, K, V]`` exactly. With ``cu_seqlens`` it is
+    ``[1, n, HV, K, V]``, n the call's capped context's chunk cap times
+    ``64 / chunk_size`` (the same for every packing of a fixed-length
+    ``cu_seqlens``, so one graph serves them): the first
+    ``sum(ceil(len_i / chunk_size))`` rows are FLA's, document after document,
+    the rest zeros."""
+    if rows is None:
+        n_chunks = -(-dims.T // chunk_size)
+        h = h[:dims.B * n_chunks].view(dims.B, n_chunks, *h.shape[1:])
+    else:
+        h = h.view(rows, h.shape[0] // rows, *h.shape[1:])
     return states_v_first(h).contiguous() if state_v_first else h

@@ -31,10 +31,10 @@ def fla_chunk_size(kwargs: dict, fn: str) -> int:
     Every size FLA accepts is taken, and the programs compute on
     ``CHUNK_SIZE = 64``-token chunks whatever was asked: the chunk form is
     exact at any chunk size, so outputs, states and gradients differ from a
-    smaller chunk's only by rounding, and no byte query changes. What a chunk
-    size names in a result (``return_intermediate_states``' states at chunk
-    starts) is 64 tokens only. Any other value is FLA's ``ValueError`` in its
-    wording, naming the value."""
+    smaller chunk's only by rounding, and no byte query changes. Where a
+    result names chunks (``return_intermediate_states``' states at chunk
+    starts) they are the asked size's. Any other value is FLA's
+    ``ValueError`` in its wording, naming the value."""
     chunk_size = kwargs.pop("chunk_size", CHUNK_SIZE)
     sizes, words = FLA_CHUNK_SIZES[fn]
     if type(chunk_size) is not int or chunk_size not in sizes:
@@ -70,15 +70,12 @@ def fla_keywords(state_v_first: object, kwargs: dict, fn: str = "chunk_gated_del
     return state_v_first
 
 
-def check_intermediate_states(return_intermediate_states: object, kwargs: dict) -> None:
-    """``return_intermediate_states`` (a bool): the states it returns are at
-    64-token chunk starts, so it is refused with a smaller ``chunk_size``
-    (a ``ValueError`` naming both), where FLA's would be at that size's."""
+def states_chunk_size(return_intermediate_states: object, kwargs: dict) -> int | None:
+    """The chunk size whose starts ``return_intermediate_states`` asks the
+    states of (FLA's ``chunk_size``, already checked by :func:`fla_keywords`),
+    or None when it is False; a ``TypeError`` unless it is a bool."""
     check_flag("return_intermediate_states", return_intermediate_states)
-    chunk_size = kwargs.get("chunk_size", CHUNK_SIZE)
-    if return_intermediate_states and chunk_size != CHUNK_SIZE:
-        raise ValueError(f"return_intermediate_states=True returns the states at {CHUNK_SIZE}-token chunk starts: "
-                         f"it takes chunk_size = {CHUNK_SIZE} only, got chunk_size = {chunk_size!r}")
+    return kwargs.get("chunk_size", CHUNK_SIZE) if return_intermediate_states else None
 
 
 def check_cp_context(cp_context: object, kcp_entry: str = "gdn_kcp") -> None:

@@ -41,7 +41,7 @@ from gdn_kcp.call_checks import resolve_options
 from gdn_kcp.chunk import one_rank_call
 from gdn_kcp.context import KcpContext
 from gdn_kcp.kcp import gdn_kcp
-from gdn_kcp.fla_compat import check_cp_context, check_cu_seqlens_cpu, check_intermediate_states, fla_keywords
+from gdn_kcp.fla_compat import check_cp_context, check_cu_seqlens_cpu, fla_keywords, states_chunk_size
 from gdn_kcp.fla_compat import states_v_first as swap_state_layout
 from gdn_kcp.gates import InKernelGate, check_channel_gate_params, check_gate_flags, gate_keywords
 from gdn_kcp.kernels.precision import accumulator_dtype
@@ -164,16 +164,18 @@ def chunk_kda(
             ``"light"`` (``"full"`` with ``disable_recompute``, which no
             other save mode may contradict).
         return_intermediate_states: inference only (no gradient can be asked):
-            also return ``h``, the state each 64-token chunk starts from
-            (:func:`gdn_kcp.chunk.chunk_states`: FLA's ``[B, NT, HV, K, V]``
-            in the input dtype; with ``cu_seqlens`` ``[1, NC, HV, K, V]``, the
-            call's chunk cap, the real chunks first and zeros after).
+            also return ``h``, the state each chunk of ``chunk_size`` tokens
+            starts from (:func:`gdn_kcp.chunk.chunk_states`: FLA's
+            ``[B, NT, HV, K, V]`` in the input dtype; with ``cu_seqlens``
+            ``[1, n, HV, K, V]``, n from the call's chunk cap, the real chunks
+            first and zeros after).
         cp_context: refused: KCP is :func:`kda_kcp`.
         use_graph, max_num_seqs: accepted; a fixed-length ``cu_seqlens`` is
             always one graph here (``max_num_seqs``, when given, must be its
             document count).
         kwargs: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64, as FLA
-            takes it; the programs compute on 64-token chunks either way),
+            takes it; the programs compute on 64-token chunks either way; it
+            sets where the intermediate states are taken),
             ``transpose_state_layout``; anything else is a TypeError.
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, and
@@ -190,7 +192,7 @@ def chunk_kda(
     check_cp_context(cp_context, kcp_entry="kda_kcp")
     for name, flag in (("disable_recompute", disable_recompute), ("use_graph", use_graph)):
         check_flag(name, flag)
-    check_intermediate_states(return_intermediate_states, kwargs)
+    states_every = states_chunk_size(return_intermediate_states, kwargs)
     check_kda_gate(g, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, use_gate_in_kernel=use_gate_in_kernel,
                    safe_gate=safe_gate, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                    allow_neg_eigval=allow_neg_eigval)
@@ -220,7 +222,7 @@ def chunk_kda(
                          reuse_recompute_tapes=reuse_recompute_tapes, recompute_output=recompute_output,
                          gate="channel")
     return one_rank_call(q, k, v, g, beta, dims, bounds, initial_state, cu_seqlens, options, scale,
-                         output_final_state, state_v_first, gate, return_intermediate_states)
+                         output_final_state, state_v_first, gate, states_every)
 
 
 def kda_kcp(

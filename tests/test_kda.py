@@ -153,7 +153,7 @@ REFUSALS = [
     (dict(allow_neg_eigval=True), ValueError, "requires use_beta_sigmoid_in_kernel"),
     (dict(cp_context=object()), ValueError, "gdn_kcp.kda_kcp"),
     (dict(chunk_size=16), ValueError, r"`chunk_size` must be either 32 or 64 for KDA, got chunk_size = 16"),
-    (dict(return_intermediate_states=True, chunk_size=32), ValueError, "return_intermediate_states=True returns"),
+    (dict(return_intermediate_states="yes"), TypeError, "return_intermediate_states must be a bool"),
     (dict(max_num_seqs=3, cu_seqlens=torch.tensor([0, 4, 10])), ValueError, "max_num_seqs = 3"),
     (dict(initial_state=torch.zeros(1, 2, 8, 4, dtype=torch.bfloat16)), TypeError, "initial_state must be float32"),
     (dict(bogus=1), TypeError, "unexpected keyword"),

@@ -20,6 +20,7 @@ import torch
 from gdn_kcp.context import KcpContext, context_from_meta
 from gdn_kcp.gates import InKernelGate
 from gdn_kcp.host.programs import load_programs
+from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.checkpointing import Probe, hand_over, probe
 from gdn_kcp.options import OptionsKcp, kept_tape_options, options_from_str
 from gdn_kcp.queries.layout import gdn_workspace_bytes_kcp
@@ -30,6 +31,7 @@ from gdn_kcp.workspace import WorkspaceKcp
 from gdn_kcp.queries.shapes import SAVED_NAMES
 
 from .boundary import forward_boundary, lower_boundaries_away, replay_boundary
+from .chunk_states import sub_chunk_states
 from .library import backward_body, forward_body, saved_names, tapes_into_workspace  # importing registers the ops
 
 
@@ -297,15 +299,17 @@ def apply_gdn(q, k, v, g, beta, initial_state, ctx: KcpContext, options: Options
 
 
 def apply_gdn_states(q, k, v, g, beta, initial_state, ctx: KcpContext, options: OptionsKcp, scale: float,
-                     n_final_states: int, gate: InKernelGate | None = None):
-    """Inference: :func:`apply_gdn`'s ``(o, final_state)`` and ``h``
-    ``[NC, HV, K, V]`` (``NC = ctx.index.n_chunks``, the input dtype): the
-    state each chunk of the index starts from, a document's first chunk
-    holding its initial state (or zeros), the sentinel chunks of a capped
-    index zeros. ``h`` is the forward op's tape at ``save_mode="full"``
-    (:func:`gdn_kcp.gdn_intermediate_states_layout_kcp` sizes it, and the op's
-    fake returns that size); the call records no backward, so it is refused
-    where a gradient could be asked of it."""
+                     n_final_states: int, gate: InKernelGate | None = None, chunk_size: int = CHUNK_SIZE):
+    """Inference: :func:`apply_gdn`'s ``(o, final_state)`` and the state each
+    ``chunk_size``-token chunk of every document starts from, a document's
+    first chunk holding its initial state (or zeros): ``[NC * 64 /
+    chunk_size, HV, K, V]`` (``NC = ctx.index.n_chunks``) in the input dtype,
+    document after document, the real chunks first and zeros after
+    (:func:`gdn_kcp.gdn_intermediate_states_layout_kcp` counts the rows). At
+    64 tokens that is the forward op's tape ``h`` at ``save_mode="full"``
+    (the op's fake returns the query's size), at 16 or 32 the chunk form cut
+    inside each chunk from its tapes (:mod:`.chunk_states`). The call
+    records no backward, so it is refused where a gradient could be asked of it."""
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)):
         raise ValueError("return_intermediate_states=True is an inference form (as in flash-linear-attention): "
                          "call it under torch.inference_mode() or torch.no_grad(), or with inputs that need no "
@@ -318,6 +322,10 @@ def apply_gdn_states(q, k, v, g, beta, initial_state, ctx: KcpContext, options: 
         q, k, v, g, beta, initial_state, call_workspace(None, meta, q, v, op_options, "fwd"), index.chunk_table,
         index.frag_table, list(meta), ctx.group_name, op_options, scale, n_final_states, gate_params,
         *((False, 1.0) if gate is None else gate.beta_mode))
-    h = saved[SAVED_NAMES.index("h")]
+    tapes = dict(zip(SAVED_NAMES, saved))
     real = (index.chunk_len > 0).view(-1, 1, 1, 1)  # a capped index's sentinel chunks: no state, zeros
-    return o, final_state, torch.where(real, h, h.new_zeros(()))
+    h = torch.where(real, tapes["h"], tapes["h"].new_zeros(()))
+    if chunk_size != CHUNK_SIZE:
+        h = sub_chunk_states(h, k, tapes["k_rstd"] if options.use_qk_l2norm else None, tapes["v_new"], g,
+                             gate_params, index, chunk_size)
+    return o, final_state, h

@@ -16,6 +16,7 @@ import torch
 
 from gdn_kcp.context import KcpContext
 from gdn_kcp.dtypes import buffer_dtype, check_input_dtype, compute_dtype
+from gdn_kcp.kernels.chunk_index import CHUNK_SIZE
 from gdn_kcp.options import OptionsKcp
 
 from .schedule import backward_events, forward_events
@@ -368,17 +369,26 @@ def gdn_state_layout_kcp(
 
 
 def gdn_intermediate_states_layout_kcp(
-    ctx: KcpContext, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.float32
+    ctx: KcpContext, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.float32, chunk_size: int = CHUNK_SIZE
 ) -> SavedSpec:
     """What ``return_intermediate_states=True`` returns besides o and the final
-    states: the state each chunk of ``ctx``'s index starts from,
-    ``[ctx.index.n_chunks, HV, K, V]`` in the tape dtype of ``dtype`` inputs
-    (the input dtype; fp64 for fp64): the tape ``h`` of a ``save_mode="full"``
-    forward, which is what the call returns. On one rank without
-    ``cu_seqlens`` that is ``B * ceil(T / 64)`` chunks; a capped context
-    (``cu_seqlens``) has its chunk cap, the real chunks first."""
-    saved = kernel_saved_layout(ctx, 1, HV, K, V, dtype=dtype, options=OptionsKcp(save_mode="full"))
-    return saved["h"]
+    states: the state each chunk of ``chunk_size`` tokens (64, 32 or 16) of
+    every document starts from, ``[rows, HV, K, V]`` in the tape dtype of
+    ``dtype`` inputs (the input dtype; fp64 for fp64). On an exact context
+    (one rank without ``cu_seqlens``) rows is the real count,
+    ``sum(ceil(len_f / chunk_size))`` over its fragments; on a capped one
+    (``cu_seqlens``) the chunk cap ``ctx.index.n_chunks * 64 / chunk_size``,
+    the real states first. At 64 tokens this is the tape ``h`` of the
+    ``save_mode="full"`` forward that call runs."""
+    if type(chunk_size) is not int or chunk_size <= 0 or CHUNK_SIZE % chunk_size:
+        raise ValueError(f"chunk_size must divide {CHUNK_SIZE}, got {chunk_size!r}")
+    h = kernel_saved_layout(ctx, 1, HV, K, V, dtype=dtype, options=OptionsKcp(save_mode="full"))["h"]
+    if ctx.capped:
+        rows = ctx.index.n_chunks * (CHUNK_SIZE // chunk_size)
+    else:
+        rows = sum(-(-length // chunk_size) for length in ctx.index.frag_len.tolist())
+    shape = (rows, *h.shape[1:])
+    return SavedSpec(shape=shape, dtype=h.dtype, nbytes=tensor_nbytes(shape, h.dtype))
 
 
 def _deterministic(options: OptionsKcp | None) -> OptionsKcp:
