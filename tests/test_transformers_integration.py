@@ -331,3 +331,41 @@ def test_import_gdn_kcp_does_not_import_transformers():
             "assert 'transformers' not in sys.modules, 'imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def linear_layer(model):
+    """The first decoder layer's linear-attention module (``linear_attn`` in
+    the Qwen family, ``self_attn`` in the Kimi family)."""
+    decoder = model.model.layers[0]
+    return getattr(decoder, "linear_attn", None) or decoder.self_attn
+
+
+@pytest.mark.parametrize("family", [f for f in ("qwen3_next", "kimi_linear") if f in PRESENT])
+def test_patched_layer_has_no_graph_break(family):
+    """One patched linear-attention layer under dynamo: one graph, no break,
+    with and without packing bounds (the convolution's bounds check is a
+    device assert when traced, and a one-rank call builds its context without
+    ``max(..., default=)``, which dynamo cannot trace); compiled with
+    ``fullgraph=True``, forward and backward equal eager."""
+    layer = linear_layer(build(family))
+    x = torch.randn(1, 100, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    cu = torch.tensor([0, 37, 100], dtype=torch.int32)
+    packing = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=63, max_length_k=63)
+    with use_gdn_kcp(families=[family]):
+        for keywords in ({}, packing):
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(layer)(x, **keywords)
+            assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+                [b.reason for b in explained.break_reasons]
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+        results = []
+        for run in (compiled, layer):
+            leaf = x.clone().requires_grad_()
+            out = run(leaf, **packing)
+            out = out[0] if isinstance(out, tuple) else out
+            out.square().sum().backward()
+            results.append((out.detach(), leaf.grad))
+    torch._dynamo.reset()
+    (out, grad), (eager_out, eager_grad) = results
+    assert rel(out, eager_out) < RTOL and rel(grad, eager_grad) < RTOL

@@ -70,7 +70,8 @@ def context_from_split(
         rank_n_in=rank_n_in, rank_n_out=rank_n_out, rank_middle=rank_middle,
         rank_prev=rank_prev, rank_next=rank_next, chains=chains,
         index=index, device_index=index.to(device), n_sms=n_sms,
-        plan_chunks=max((-(-(f[2] - f[1]) // CHUNK_SIZE) for frags in every_rank for f in frags), default=0),
+        # max of a list led by 0, not max(..., default=0): torch 2.13's dynamo cannot trace the keyword
+        plan_chunks=max([0, *(-(-(f[2] - f[1]) // CHUNK_SIZE) for frags in every_rank for f in frags)]),
         plan_frags=max(len(frags) for frags in every_rank),
         segment_rows=summary_row_counts(  # from the host fragments: no read of the tables (they may be fake)
             [-(-(f[2] - f[1]) // CHUNK_SIZE) for f in mine], [f[3] for f in mine], index.max_frag_chunks,

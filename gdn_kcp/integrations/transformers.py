@@ -40,6 +40,7 @@ from gdn_kcp.kda import chunk_kda, fused_recurrent_kda
 from gdn_kcp.layers.short_conv import short_conv
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.recurrent import fused_recurrent_gated_delta_rule
+from gdn_kcp.validate import values_readable
 
 SUPPORTED_VERSIONS = ("5.25", "5.26")
 """``[low, high)``: the transformers releases whose modeling code this module was
@@ -276,10 +277,13 @@ def _conv_op(call: _Call, original: Callable):
             return original(hidden_states, weight, bias, activation=activation)
         doc_starts = None
         if bounds is not None:
-            if int(bounds[-1]) != hidden_states.shape[-1]:
+            T = hidden_states.shape[-1]
+            if not values_readable(bounds):  # traced: a host read would break the graph; checked on the device
+                torch._assert_async(bounds[-1] == T, f"transformers' {call.family}: cu_seq_lens_q must end at the "
+                                    f"{T} tokens the convolution sees")
+            elif int(bounds[-1]) != T:
                 raise ValueError(f"transformers' {call.family}: cu_seq_lens_q ends at {int(bounds[-1])} but the "
-                                 f"convolution sees {hidden_states.shape[-1]} tokens (a packed batch continuing "
-                                 "a cache is not supported)")
+                                 f"convolution sees {T} tokens (a packed batch continuing a cache is not supported)")
             doc_starts = bounds[:-1]
         x = hidden_states.transpose(1, 2).to(weight.dtype)
         return short_conv(x, weight, bias, doc_starts).transpose(1, 2).to(hidden_states.dtype)
