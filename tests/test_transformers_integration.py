@@ -369,3 +369,51 @@ def test_patched_layer_has_no_graph_break(family):
     torch._dynamo.reset()
     (out, grad), (eager_out, eager_grad) = results
     assert rel(out, eager_out) < RTOL and rel(grad, eager_grad) < RTOL
+
+
+KCP_FAMILIES = [f for f in ("qwen3_next", "kimi_linear") if f in PRESENT]
+
+
+@pytest.mark.parametrize("R", [2, 3])
+def test_kcp_equals_one_rank(R):
+    """An all-linear model of a GDN and of a KDA family under
+    ``kcp(ctx)`` on R gloo ranks (uneven ranges, a document crossing every
+    rank): loss and every gradient summed over the ranks equal one rank's
+    run of the packed stream, fp64, 1e-10 (tests/transformers_kcp_cases.py)."""
+    from spawn import spawn_ranks
+    from transformers_kcp_cases import check_model_on_rank
+
+    for family in KCP_FAMILIES:
+        spawn_ranks(R, check_model_on_rank, family)
+
+
+@pytest.mark.parametrize("family", KCP_FAMILIES)
+def test_kcp_refusals(family):
+    """What a KCP call cannot take is an error naming it: ``kcp`` with no
+    family patched, packing keywords (the context
+    holds the packing), rows other than the rank's range, a cache. On one
+    rank, ``kcp(ctx)`` gives the packed call's logits."""
+    from gdn_kcp import OptionsKcp, build_kcp_context
+    from gdn_kcp.integrations.transformers import kcp
+
+    model = build(family, layer_types=["linear_attention", "linear_attention"])
+    ids, cu, packing = packed_inputs()
+    ctx = build_kcp_context(cu.tolist())
+    with pytest.raises(TypeError, match="ctx must be a KcpContext, got list"):
+        kcp(cu.tolist())
+    with pytest.raises(TypeError, match="options must be an OptionsKcp or None, got str"):
+        kcp(ctx, options="full")
+    with pytest.raises(RuntimeError, match="no family is patched"):
+        with kcp(ctx):
+            pass
+    with torch.no_grad(), fp64_modeling(family), use_gdn_kcp(families=[family]):
+        packed = model(ids, use_cache=False, **packing).logits
+        with kcp(ctx, options=OptionsKcp(save_mode="full")):
+            assert rel(model(ids, use_cache=False).logits, packed) < RTOL
+            with pytest.raises(ValueError, match=f"{family}: under kcp\\(ctx\\) the context holds the packing"):
+                model(ids, use_cache=False, **packing)
+            with pytest.raises(ValueError, match="rank 0 runs its range \\[0, 100\\) .* got 1 row\\(s\\) of 99"):
+                model(ids[:, 1:], use_cache=False)
+        hybrid = build(family)  # transformers' cache needs a softmax-attention layer
+        with kcp(ctx), pytest.raises(ValueError, match=f"{family}: .* use_cache=False"):
+            hybrid(ids, use_cache=True)

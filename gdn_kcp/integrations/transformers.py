@@ -23,10 +23,26 @@ hand the bounds to the delta rule as ``cu_seqlens``, the Kimi-family layers
 leave them in the keywords they pass on, where the patched op reads them; the
 short convolution restarts at each document (gdn_kcp's ``short_conv``), where
 transformers' torch fallback would read across a boundary.
+
+Key-context parallelism: within ``with kcp(ctx): ...`` (a
+:class:`~gdn_kcp.KcpContext` of the packed stream, the same on every rank)
+each rank feeds the model its own token range ``ctx.rank_ranges[ctx.rank]``
+as one row, and every patched GDN / KDA layer runs it through
+:func:`gdn_kcp.gdn_kcp` / :func:`gdn_kcp.kda_kcp`, its short convolution
+reading the previous ranks' rows of a crossing-in document
+(:func:`gdn_kcp.layers.halo.short_conv_kcp`), as gdn_kcp's own layers do::
+
+    ctx = build_kcp_context(cu_seqlens, rank_ranges=ranges, group=group)
+    start, end = ctx.rank_ranges[ctx.rank]
+    with use_gdn_kcp(), kcp(ctx):
+        loss = model(input_ids[:, start:end], shift_labels=shift_labels[:, start:end],
+                     num_items_in_batch=n_targets, use_cache=False).loss
+    loss.backward()   # every rank together; sum the gradients over the group
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import inspect
@@ -36,7 +52,10 @@ from typing import Callable
 import torch
 
 from gdn_kcp.chunk import chunk_gated_delta_rule
-from gdn_kcp.kda import chunk_kda, fused_recurrent_kda
+from gdn_kcp.context import KcpContext
+from gdn_kcp.kcp import gdn_kcp
+from gdn_kcp.kda import chunk_kda, fused_recurrent_kda, kda_kcp
+from gdn_kcp.layers.halo import short_conv_kcp
 from gdn_kcp.layers.short_conv import short_conv
 from gdn_kcp.options import OptionsKcp
 from gdn_kcp.recurrent import fused_recurrent_gated_delta_rule
@@ -153,10 +172,12 @@ def check_family(family: str, module) -> None:
                                f"{EXPECTED_PARAMETERS[name]}: its call has changed, and gdn_kcp will not guess")
 
 
-MODEL_KEYWORDS = frozenset({"use_cache", "cache_position", "return_dict", "position_embeddings"})
+MODEL_KEYWORDS = frozenset({"use_cache", "cache_position", "return_dict", "position_embeddings", "shift_labels"})
 """Keywords a model's forward hands down through its layers besides
-``TransformersKwargs`` (flags and rotary tables: nothing about which tokens
-share a document)."""
+``TransformersKwargs`` (flags, rotary tables, and ``shift_labels``, the
+loss's targets already shifted, which context-parallel training passes so
+that a rank's last token is scored against the next rank's first: nothing
+about which tokens share a document)."""
 
 
 def transformers_keywords() -> frozenset:
@@ -167,6 +188,60 @@ def transformers_keywords() -> frozenset:
     from transformers.utils import TransformersKwargs
 
     return frozenset(TransformersKwargs.__annotations__) | MODEL_KEYWORDS
+
+
+_KCP_STACK: list["kcp"] = []
+"""The ``kcp`` blocks entered and not yet left, innermost last: the patched
+ops read the innermost at each call (a module-level stack, as the patch
+itself is module-level: one training loop per process)."""
+
+
+class kcp:
+    """``with kcp(ctx): ...``: the GDN / KDA layers that :class:`use_gdn_kcp`
+    patched run under key-context parallelism within the block.
+
+    Each rank calls the model together on its own rows of the packed stream
+    ``ctx`` describes (``[1, T_r]`` tokens, ``ctx.rank_ranges[ctx.rank]``),
+    with ``use_cache=False`` and no packing keywords (the context holds the
+    packing); the backward, wherever it runs, exchanges what the forward
+    did. A model's softmax-attention layers are not routed: see docs/api.md.
+
+    Args:
+        ctx: the :class:`~gdn_kcp.KcpContext` of this step's packing (exact or
+            capped), built alike on every rank.
+        options: the :class:`~gdn_kcp.OptionsKcp` of the layers' calls
+            (default: ``OptionsKcp(save_mode=...)`` with the ``save_mode``
+            given to :class:`use_gdn_kcp`); the q / k L2 norm is the layer's
+            own switch, and KDA calls take ``gate="channel"`` themselves.
+
+    Raises:
+        TypeError: ``ctx`` or ``options`` of another type.
+        RuntimeError: entered while no family is patched (the layers would
+            run transformers' own ops on one rank's rows as if they were
+            the whole stream).
+    """
+
+    def __init__(self, ctx: KcpContext, *, options: OptionsKcp | None = None) -> None:
+        if not isinstance(ctx, KcpContext):
+            raise TypeError(f"ctx must be a KcpContext, got {type(ctx).__name__}")
+        if options is not None and not isinstance(options, OptionsKcp):
+            raise TypeError(f"options must be an OptionsKcp or None, got {type(options).__name__}")
+        self.ctx, self.options = ctx, options
+
+    def __enter__(self) -> "kcp":
+        if not any(is_patched(family) for family in installed_families()):
+            raise RuntimeError("kcp(ctx) routes the layers use_gdn_kcp() patches, and no family is patched: "
+                               "enter use_gdn_kcp() first")
+        _KCP_STACK.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _KCP_STACK.remove(self)
+
+
+def active_kcp() -> "kcp | None":
+    """The innermost :class:`kcp` block entered, or None."""
+    return _KCP_STACK[-1] if _KCP_STACK else None
 
 
 @dataclass(frozen=True)
@@ -192,6 +267,34 @@ class _Call:
                              "document bounds as cu_seq_lens_q instead (gdn_kcp keeps documents apart by them)")
         return cu_seqlens
 
+    def kcp_rows(self, op: str, block: kcp, rows: torch.Tensor, tokens: int, bounds) -> None:
+        """Refuse, under ``block``, what a KCP call cannot take: packing
+        keywords (the context holds the packing) and rows other than this
+        rank's one row of ``T_r`` tokens (``tokens``: the call's token count;
+        ``rows``: its batch size)."""
+        ctx = block.ctx
+        if bounds is not None:
+            raise ValueError(f"transformers' {self.family}: under kcp(ctx) the context holds the packing, and "
+                             f"{op} was also given cu_seq_lens_q: leave the packing keywords out")
+        start, end = ctx.rank_ranges[ctx.rank]
+        if rows != 1 or tokens != end - start:
+            raise ValueError(f"transformers' {self.family}: under kcp(ctx) rank {ctx.rank} runs its range "
+                             f"[{start}, {end}) of the packed stream as one row of {end - start} tokens, and {op} "
+                             f"got {rows} row(s) of {tokens} (call the model on input_ids[:, {start}:{end}] with "
+                             "use_cache=False: a cache prepends its states to the convolution's rows)")
+
+    def kcp_options(self, block: kcp, use_qk_l2norm: bool) -> OptionsKcp:
+        """``block``'s options with the layer's own q / k L2-norm switch."""
+        options = block.options if block.options is not None else OptionsKcp(save_mode=self.save_mode)
+        return dataclasses.replace(options, use_qk_l2norm=use_qk_l2norm)
+
+
+def _no_cache_under_kcp(call: _Call, op: str, initial_state, output_final_state) -> None:
+    """Decode caches run on one rank (as gdn_kcp's own layers': no cache with a KCP context)."""
+    if initial_state is not None or output_final_state:
+        raise ValueError(f"transformers' {call.family}: {op} under kcp(ctx) got a cache's state; caches run on one "
+                         "rank: call the model with use_cache=False under kcp(ctx)")
+
 
 def _state_for(initial_state, query):
     """transformers' cache holds fp32 states; the ops take fp32 states, and fp64
@@ -216,6 +319,12 @@ def _gdn_ops(call: _Call):
     def chunk(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
         bounds = call.bounds("torch_chunk_gated_delta_rule", cu_seqlens, kwargs)
+        block = active_kcp()
+        if block is not None:
+            call.kcp_rows("torch_chunk_gated_delta_rule", block, query.shape[0], query.shape[1], bounds)
+            _no_cache_under_kcp(call, "torch_chunk_gated_delta_rule", initial_state, output_final_state)
+            return gdn_kcp(query, key, value, g, beta, block.ctx, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           options=call.kcp_options(block, use_qk_l2norm_in_kernel))
         return chunk_gated_delta_rule(query, key, value, g, beta, initial_state=_state_for(initial_state, query),
                                       output_final_state=output_final_state,
                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=bounds,
@@ -224,6 +333,8 @@ def _gdn_ops(call: _Call):
     def recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
         bounds = call.bounds("torch_recurrent_gated_delta_rule", cu_seqlens, kwargs)
+        if active_kcp() is not None:  # the layers take this op for cached steps only
+            _no_cache_under_kcp(call, "torch_recurrent_gated_delta_rule", initial_state, True)
         state = _state_for(initial_state, query)
         if _needs_grad(query, key, value, g, beta, state):
             # The token-by-token op is forward only (as FLA's); a step that trains takes the chunked
@@ -244,6 +355,13 @@ def _kda_ops(call: _Call):
     def chunk(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, **kwargs):
         bounds = call.bounds("chunk_kimi_delta_attention", None, kwargs)
+        block = active_kcp()
+        if block is not None:
+            call.kcp_rows("chunk_kimi_delta_attention", block, query.shape[0], query.shape[1], bounds)
+            _no_cache_under_kcp(call, "chunk_kimi_delta_attention", initial_state, output_final_state)
+            return kda_kcp(query, key, value, _widened(g, query), beta, block.ctx,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           options=call.kcp_options(block, use_qk_l2norm_in_kernel))
         return chunk_kda(query, key, value, _widened(g, query), beta, initial_state=_state_for(initial_state, query),
                          output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                          cu_seqlens=bounds, chunk_size=chunk_size, save_mode=call.save_mode)
@@ -251,6 +369,8 @@ def _kda_ops(call: _Call):
     def recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, **kwargs):
         bounds = call.bounds("recurrent_kimi_delta_attention", None, kwargs)
+        if active_kcp() is not None:
+            _no_cache_under_kcp(call, "recurrent_kimi_delta_attention", initial_state, True)
         g, state = _widened(g, query), _state_for(initial_state, query)
         if _needs_grad(query, key, value, g, beta, state):
             return chunk_kda(query, key, value, g, beta, initial_state=state, output_final_state=output_final_state,
@@ -269,12 +389,21 @@ def _conv_op(call: _Call, original: Callable):
         ``weight`` ``[D, W]``; computed in the weight's dtype, returned in the
         input's (as transformers' own)."""
         bounds = call.bounds(CONV_NAME, None, kwargs)
+        block = active_kcp()
         if activation not in SILU:
+            if block is not None:
+                raise ValueError(f"transformers' {call.family}: under kcp(ctx) the short convolution reads the "
+                                 "previous rank's rows, which gdn_kcp's short_conv does with SiLU only; this "
+                                 f"layer's activation is {activation!r}")
             if bounds is not None:
                 raise ValueError(f"transformers' {call.family}: a packed batch needs its short convolution "
                                  "restarted at each document, which gdn_kcp's short_conv does with SiLU only; "
                                  f"this layer's activation is {activation!r}")
             return original(hidden_states, weight, bias, activation=activation)
+        if block is not None:
+            call.kcp_rows(CONV_NAME, block, hidden_states.shape[0], hidden_states.shape[-1], bounds)
+            x = hidden_states.transpose(1, 2).to(weight.dtype)
+            return short_conv_kcp(x, weight, bias, block.ctx).transpose(1, 2).to(hidden_states.dtype)
         doc_starts = None
         if bounds is not None:
             T = hidden_states.shape[-1]

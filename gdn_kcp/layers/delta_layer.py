@@ -27,7 +27,7 @@ from gdn_kcp.validate import check_cu_seqlens
 from gdn_kcp.workspace import WorkspaceKcp
 
 from .cache import conv_over_history
-from .halo import conv_halo
+from .halo import short_conv_kcp
 from .short_conv import ShortConvolution, short_conv
 
 MODES = ("chunk", "fused_recurrent")
@@ -360,5 +360,4 @@ class DeltaRuleLayer(nn.Module):
     def _conv_kcp(self, qkv: torch.Tensor, ctx: KcpContext) -> torch.Tensor:
         """The convolution of this rank's rows (B = 1) with the halo of one exchange
         of ``[conv_size - 1, 2 key_dim + value_dim]`` per round (none on one rank)."""
-        halo = conv_halo(qkv[0], ctx, self.conv_size - 1) if ctx.R > 1 else None
-        return short_conv(qkv, *self._conv_params(), ctx.index_for(qkv.device).frag_start, halo)
+        return short_conv_kcp(qkv, *self._conv_params(), ctx)

@@ -23,6 +23,8 @@ from gdn_kcp.exchange.ordered import register_ordered
 from gdn_kcp.queries.comm import halo_comm_bytes, halo_rounds  # noqa: F401  (halo_comm_bytes: re-exported)
 from gdn_kcp.kernels.chunk_index import CROSSING_IN, CROSSING_OUT, crosses, last_real_fragment
 
+from .short_conv import short_conv
+
 
 def _shift(x: Tensor, group_name: str, R: int, rank: int, step: int, name: str) -> Tensor:
     """Send ``x`` to ``rank + step`` and receive the same shape from ``rank - step``
@@ -109,3 +111,17 @@ def conv_halo(y: Tensor, ctx: KcpContext, rows: int) -> Tensor:
         tail = torch.cat([halo * middle.to(y.dtype), y * outgoing])[-rows:]
         halo = halo_shift(tail, ctx.group_name, ctx.R, ctx.rank)
     return halo * crosses(flags[:1], CROSSING_IN).to(y.dtype)
+
+
+def short_conv_kcp(x: Tensor, weight: Tensor | list[Tensor], bias: Tensor | list[Tensor] | None,
+                   ctx: KcpContext) -> Tensor:
+    """:func:`~gdn_kcp.layers.short_conv.short_conv` of this rank's rows ``x``
+    ``[1, T_r, D]`` of the packed stream of ``ctx``: restarted at each
+    document start of the rank, reading the previous ranks' last ``W - 1``
+    rows of a crossing-in document (:func:`conv_halo`, one exchange of
+    ``[W - 1, D]`` per round; none on one rank). ``weight`` and ``bias`` as
+    :func:`short_conv` takes them. Every rank of ``ctx.group`` calls it
+    together."""
+    W = (weight[0] if isinstance(weight, (list, tuple)) else weight).shape[-1]
+    halo = conv_halo(x[0], ctx, W - 1) if ctx.R > 1 else None
+    return short_conv(x, weight, bias, ctx.index_for(x.device).frag_start, halo)
