@@ -29,24 +29,38 @@ def conv_reach(doc_starts: torch.Tensor, T: int, W: int, halo_rows: int) -> torc
     return back.clamp(max=W - 1).to(torch.int32)
 
 
-def _taps(x: torch.Tensor, halo: torch.Tensor | None, reach: torch.Tensor, W: int, dtype: torch.dtype):
-    """``[W, T, D]``: tap i is ``ext[t - i]`` where ``i <= reach[t]``, zero elsewhere."""
-    T, D = x.shape
-    rows = W - 1
-    ext = torch.cat([halo if halo is not None else x.new_zeros(rows, D), x]).to(dtype)
-    return torch.stack([ext[rows - i: rows - i + T] * (reach >= i)[:, None].to(dtype) for i in range(W)])
+def _ext(x: torch.Tensor, halo: torch.Tensor | None, W: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[W - 1 + T, D]``: ``cat([halo, x])`` (zeros for no halo) in ``dtype``."""
+    return torch.cat([halo if halo is not None else x.new_zeros(W - 1, x.shape[1]), x]).to(dtype)
 
 
-def _pre(taps: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    pre = torch.einsum("itd,di->td", taps, weight.to(taps.dtype).flip(1))
-    return pre if bias is None else pre + bias.to(taps.dtype)
+def _tap(ext: torch.Tensor, reach: torch.Tensor, i: int, T: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``[T, D]``: ``ext[t - i]`` where ``i <= reach[t]``, zero elsewhere (every
+    row reaches tap 0: a view of ext), written to ``out`` when given."""
+    rows = ext.shape[0] - T
+    tap = ext[rows - i: rows - i + T]
+    return tap if i == 0 else torch.mul(tap, (reach >= i)[:, None].to(ext.dtype), out=out)
+
+
+# The taps are summed one [T, D] product at a time into one buffer, not as an einsum over a [W, T, D] stack:
+# the einsum ran as D batched [T, W] x [W, 1] products, and at T = 2048, D = 1024 (one thread) the forward
+# and backward took 240 to 500 ms against 52 to 66 ms for torch's own depthwise conv1d with SiLU.
+def _pre(ext: torch.Tensor, reach: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+         T: int) -> torch.Tensor:
+    W = weight.shape[1]
+    w = weight.to(ext.dtype)
+    pre = _tap(ext, reach, 0, T) * w[:, W - 1]
+    tap = torch.empty_like(pre)
+    for i in range(1, W):
+        pre.addcmul_(_tap(ext, reach, i, T, tap), w[:, W - 1 - i])
+    return pre if bias is None else pre.add_(bias.to(ext.dtype))
 
 
 def short_conv_fwd(x, weight, bias, reach, halo, *, y_out: torch.Tensor) -> None:
     """x ``[T, D]``; weight ``[D, W]``; bias ``[D]`` or None; reach ``[T]``;
     halo ``[W - 1, D]`` or None (zeros). Writes y_out ``[T, D]`` (x's dtype)."""
-    cdt = accumulator_dtype(x.dtype)
-    y_out.copy_(F.silu(_pre(_taps(x, halo, reach, weight.shape[1], cdt), weight, bias)))
+    ext = _ext(x, halo, weight.shape[1], accumulator_dtype(x.dtype))
+    y_out.copy_(F.silu(_pre(ext, reach, weight, bias, x.shape[0])))
 
 
 def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbias_out, dhalo_out) -> None:
@@ -55,14 +69,16 @@ def short_conv_bwd(dy, x, weight, bias, reach, halo, *, dx_out, dweight_out, dbi
     T, D = x.shape
     W, rows = weight.shape[1], weight.shape[1] - 1
     cdt = accumulator_dtype(x.dtype)
-    taps = _taps(x, halo, reach, W, cdt)
-    pre = _pre(taps, weight, bias)
+    ext = _ext(x, halo, W, cdt)
+    pre = _pre(ext, reach, weight, bias, T)
     sig = torch.sigmoid(pre)
     dpre = dy.to(cdt) * sig * (1 + pre * (1 - sig))
     dext = torch.zeros(rows + T, D, dtype=cdt, device=x.device)
-    for i in range(W):
-        dext[rows - i: rows - i + T] += dpre * (reach >= i)[:, None].to(cdt) * weight[:, W - 1 - i].to(cdt)
-    dweight_out.copy_(torch.einsum("td,itd->di", dpre, taps).flip(1))
+    w, masked, product = weight.to(cdt), torch.empty_like(dpre), torch.empty_like(dpre)
+    for i in range(W):  # output row t reads ext[t - i] where i <= reach[t]
+        dpre_i = dpre if i == 0 else torch.mul(dpre, (reach >= i)[:, None].to(cdt), out=masked)
+        dext[rows - i: rows - i + T].addcmul_(dpre_i, w[:, W - 1 - i])
+        dweight_out[:, W - 1 - i] = torch.mul(dpre_i, ext[rows - i: rows - i + T], out=product).sum(0)
     if dbias_out is not None:
         dbias_out.copy_(dpre.sum(0))
     dx_out.copy_(dext[rows:])
