@@ -21,6 +21,7 @@ RUN_BLOCKS = {
     ("docs/bytes.md", "Byte queries"): 1,
     ("docs/api.md", "KDA: chunk_kda, kda_kcp and naive_kda_recurrence"): 1,
     ("docs/api.md", "transformers' models: gdn_kcp.integrations.transformers"): 1,
+    ("docs/api.md", "Key-context parallelism in transformers' models"): 1,
     ("docs/compile.md", "torch.compile and CUDA graphs"): 2,
     ("docs/compile.md", "Lowering: the traced host path"): 1,  # tests/test_inductor_lowering.py
     ("docs/compile.md", "Activation checkpointing under torch.compile"): 1,
@@ -59,6 +60,46 @@ def test_transformers_block():
     assert torch.isfinite(ns["loss"])
     assert all(p.grad is not None for p in ns["model"].model.layers[0].linear_attn.parameters())
     assert not is_patched("qwen3_next")
+
+
+def _transformers_kcp_block_on_rank(rank: int, R: int, port: int) -> None:
+    """The transformers KCP block as torchrun would run it: the losses summed
+    over the ranks are the one-rank loss of the packed stream (fp32), and
+    every linear-attention parameter has the same summed gradient on every rank."""
+    import os
+
+    import torch.distributed as dist
+
+    from gdn_kcp.integrations.transformers import use_gdn_kcp
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(R), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        ns = run_block("docs/api.md", "Key-context parallelism in transformers' models")
+        assert ns["ctx"].R == R
+        model, ids, shift, bounds = ns["model"], ns["ids"], ns["shift_labels"], ns["bounds"]
+        cu = torch.tensor(bounds, dtype=torch.int32)
+        total = ns["loss"].detach().clone()
+        dist.all_reduce(total)
+        with torch.no_grad(), use_gdn_kcp():
+            one = model(ids, labels=shift, shift_labels=shift, num_items_in_batch=int((shift != -100).sum()),
+                        use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=300,
+                        max_length_k=300).loss
+        torch.testing.assert_close(total, one, rtol=1e-5, atol=0)
+        for p in model.model.layers[0].linear_attn.parameters():
+            gathered = [torch.empty_like(p.grad) for _ in range(R)]
+            dist.all_gather(gathered, p.grad)
+            assert all(torch.equal(g, p.grad) for g in gathered)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_transformers_kcp_block_on_two_ranks():
+    pytest.importorskip("transformers")
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_transformers_kcp_block_on_rank, args=(2, _free_port()), nprocs=2, join=True,
+                       start_method="forkserver")
 
 
 def test_layer_block():
