@@ -229,10 +229,23 @@ def kernel_ms(fn, device) -> dict[str, float]:
     return times
 
 
+def step_kernel_ms(fn, xs, do, device) -> dict[str, float]:
+    """Every profiler event's milliseconds (:func:`kernel_ms`) in one
+    forward+backward of ``fn``, after a first one that compiles and
+    autotunes; names cut at 80 characters, longest first."""
+    def step():
+        return torch.autograd.grad((fn() * do).sum(), xs)
+
+    step()
+    rows = {key[:80]: round(ms, 3) for key, ms in kernel_ms(step, device).items()}
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
+
+
 def profile(results, s: Setup):
     """Per-kernel device time of one forward+backward (torch.profiler), ours and
     FLA's when it imports, with the achieved TFLOP/s of every kernel the model
-    counts and FLA's time over ours kernel by kernel."""
+    counts and FLA's time over ours kernel by kernel; then KDA's
+    (:func:`profile_kda`)."""
     ctx = build_kcp_context(list(s.bounds), device=s.device)
     xs = leaves(s)
     cu = torch.tensor(s.bounds, dtype=torch.long, device=s.device)
@@ -243,16 +256,54 @@ def profile(results, s: Setup):
         paths["fla"] = lambda: fla(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0]
     except Exception:  # noqa: BLE001 - ours alone
         pass
-    table = {}
-    for name, fn in paths.items():
-        torch.autograd.grad((fn() * do).sum(), xs)  # compiled and warm
-        rows = {key[:80]: round(ms, 3)
-                for key, ms in kernel_ms(lambda: torch.autograd.grad((fn() * do).sum(), xs), s.device).items()}
-        table[name] = dict(sorted(rows.items(), key=lambda kv: -kv[1])[:25])
+    table = {name: dict(list(step_kernel_ms(fn, xs, do, s.device).items())[:25]) for name, fn in paths.items()}
     results["kernel_ms"] = table
     results["kernel_tflops"] = achieved_tflops(table, ctx, s.dims)
     if "fla" in table:
         results["kernel_ratio_fla_over_ours"] = counterpart_ratios(table["gdn_kcp"], table["fla"])
+    profile_kda(results, s)
+
+
+def profile_kda(results, s: Setup):
+    """KDA's per-kernel device time of one forward+backward at the model's
+    KDA headline: one document of the check's T tokens, its heads and head
+    dims, the default light save mode; ours (``chunk_kda``) and, where it
+    imports, FLA's ``chunk_kda`` on both intra paths (``safe_gate`` False
+    and True), under :data:`roofline.KDA_SIDES`' names. Every event is kept
+    (``kda_kernel_ms``): ``recalibrate.py`` fits the rate of the elementwise
+    work, which no GDN row has, to the kernels the model counts. The shape
+    and our segments there (``kda_shape``) are what the model is evaluated
+    at. Each path is on disk once profiled: a stage stopped at its cap keeps
+    the paths it finished (FLA's safe-gate path last: its own kernels, which
+    no earlier stage ran, autotune on its first call)."""
+    from gdn_kcp import chunk_kda
+    from gdn_kcp.plan import segments_for
+
+    H_qk, HV, K, V = s.dims
+    bounds = [0, s.T]
+    P = segments_for(build_kcp_context(bounds, device=s.device), HV, K, V, None)
+    results["kda_shape"] = {"T": s.T, "documents": 1, "H_qk": H_qk, "HV": HV, "K": K, "V": V, "P": P,
+                            "dtype": str(s.dtype).removeprefix("torch.")}
+    xs = kda_leaves(s)
+    cu = torch.tensor(bounds, dtype=torch.long, device=s.device)
+    do = torch.randn_like(xs[2])
+    table = {"ours": step_kernel_ms(lambda: chunk_kda(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)[0], xs, do,
+                                    s.device)}
+    results["kda_kernel_ms"] = table
+    try:
+        fla = fla_kda_entry()
+    except Exception as error:  # noqa: BLE001 - ours alone
+        results["kda_fla_error"] = f"{type(error).__name__}: {error}"
+        return
+    for name, safe_gate in (("fla", False), ("fla_safe_gate", True)):
+        def fn(safe_gate=safe_gate):
+            return fla(*xs, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, safe_gate=safe_gate)[0]
+
+        try:
+            table[name] = step_kernel_ms(fn, xs, do, s.device)
+        except Exception as error:  # noqa: BLE001 - one path failing leaves the other's rows
+            results[f"kda_{name}_error"] = f"{type(error).__name__}: {error}"
+        results["kda_kernel_ms"] = table
 
 
 def achieved_tflops(kernel_ms: dict, ctx, dims) -> dict:

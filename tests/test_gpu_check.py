@@ -74,6 +74,16 @@ def test_the_dry_run_writes_every_stage_keys_and_passes_what_it_can_judge(dry_ru
     assert capture["readme"]["relative_rms_vs_eager"] == 0 and capture["layer_traced"]["worst_relative_rms_vs_eager"] < 1e-2
     rows = results["calibration"]["calibration"]
     assert len(rows) == 4 and all("gdn_kcp_ms" in row and "model_ms" in row for row in rows), rows
+    # KDA's profile: one document of the run's T at its dims, our events (CPU: torch ops), FLA's paths where it imports
+    from gdn_kcp import build_kcp_context
+    from gdn_kcp.plan import segments_for
+
+    profile, (T, (H_qk, HV, K, V)) = results["profile"], (dry_run["run"]["T"], dry_run["run"]["dims"])
+    assert profile["kda_shape"] == {"T": T, "documents": 1, "H_qk": H_qk, "HV": HV, "K": K, "V": V, "dtype": "bfloat16",
+                                    "P": segments_for(build_kcp_context([0, T]), HV, K, V, None)}, profile["kda_shape"]
+    assert profile["kda_kernel_ms"]["ours"] and all(ms >= 0 for ms in profile["kda_kernel_ms"]["ours"].values())
+    fla_paths = {"fla", "fla_safe_gate"} & set(profile["kda_kernel_ms"])
+    assert fla_paths == {"fla", "fla_safe_gate"} or "kda_fla_error" in profile, profile
 
 
 def test_the_recalibration_reads_the_dry_run(dry_run):
@@ -88,6 +98,9 @@ def test_the_recalibration_reads_the_dry_run(dry_run):
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "no usable FLA" in done.stderr and "No module named 'fla'" in done.stderr, done.stderr
     assert "gdn_kcp" in done.stdout or "ours" in done.stdout, done.stdout
+    # KDA's elementwise rate read from the profile stage: the CPU's events are torch ops, no kernel to fit
+    assert "KDA's elementwise rate, from the profile stage at T = 150 (1 document)" in done.stdout, done.stdout
+    assert "No fit: none of the model's KDA kernels was profiled." in done.stdout, done.stdout
 
 
 def test_a_stage_past_its_cap_is_killed_and_reported(tmp_path):

@@ -732,3 +732,76 @@ def test_recalibration_names_what_is_malformed(change, named):
         recalibrate.check_rows(check)
     with pytest.raises(ValueError, match="no measured rows"):
         roofline.fit({}, rows=[])
+
+
+# ---------------------------------------------------------------- KDA's elementwise rate from the profile stage
+
+HEADLINE_KDA = {"T": 32768, "documents": 1, "H_qk": 16, "HV": 32, "K": 128, "V": 128, "P": 1, "dtype": "bfloat16"}
+NOT_MODELLED = {"aten::copy_": 0.4, "autograd::engine::evaluate_function: ChunkKDAFunctionBackward": 90.0,
+                "triton_poi_fused_mul_0": 0.2}
+"""Profiler events the model does not count (torch ops, autograd's sums over kernels, another
+program): a profile holds them beside the kernels, and the fit must leave them out."""
+
+
+def profiled_at(facts, efficiencies, drop=()):
+    """A GPU check with only a profile stage, its KDA rows the model's per-kernel times at the
+    headline with each side's elementwise work at its ``efficiencies[side]`` of the fp32 issue peak
+    (the model's own times: the fit must find the rate that made them), keyed as the profiler
+    names kernels, among :data:`NOT_MODELLED`; the sides in ``drop`` failed, with their error."""
+    profile = recalibrate.KdaProfile(roofline.model_shape(32768, 1, 16, 32), 1, {}, {}, "ran")
+    table = {side: {**NOT_MODELLED, **recalibrate.kda_kernel_model_ms(
+        profile, facts, replace(H200, fp32=H200.fp32 * efficiency / H200.compute_efficiency), [side])[side]}
+        for side, efficiency in efficiencies.items() if side not in drop}
+    results = {"kda_shape": HEADLINE_KDA, "kda_kernel_ms": table}
+    results |= {f"kda_{side}_error": "RuntimeError: x" for side in drop}
+    return {"run": {}, "stages": {"profile": {"status": "ran", "results": results}}}
+
+
+def test_the_elementwise_rate_is_recovered_from_times_the_model_made(tmp_path, capsys):
+    """KDA kernel times made by the model with every side's elementwise work at 0.05 of the fp32
+    peak (a third of the assumed 0.144): the fit finds 0.05 for both sides and for each alone,
+    every fitted kernel then within 0.1 % (none was within 20 % at the assumed rate), the events
+    the model does not count left out, and KDA's ratios are those of the model at that rate, moved.
+    ``--recalibrate`` on the check (no calibration stage) prints this section, then exits with the
+    missing stage."""
+    facts = roofline.load_facts()
+    truth = 0.05
+    check = profiled_at(facts, dict.fromkeys(roofline.KDA_SIDES, truth))
+    report = recalibrate.kda_elementwise(check, facts, H200)
+    assert report["error"] is None and report["assumed_efficiency"] == H200.compute_efficiency
+    assert {group: pytest.approx(truth, rel=1e-3) for group in ("both", "ours", "FLA")} == report["fitted_efficiency"]
+    fitted = [k for k in report["kernels"] if k["fitted"]]
+    assert {k["side"] for k in fitted} == set(roofline.KDA_SIDES) and len(fitted) >= 10
+    assert all(abs(k["fitted_error"]) < 1e-3 and k["error"] < -0.2 for k in fitted), fitted
+    assert not {k["kernel"] for k in report["kernels"]} & set(NOT_MODELLED) and report["misses"] == []
+    at_truth = roofline.kda_rows(facts, recalibrate.with_elementwise(H200, truth))
+    assert [r["fitted"] for r in report["ratios"]] == pytest.approx([recalibrate.faster_ratio(r) for r in at_truth],
+                                                                    rel=1e-2)
+    assert [r["assumed"] for r in report["ratios"]] == [recalibrate.faster_ratio(r) for r in roofline.kda_rows(facts)]
+    assert report["ratios_move"] is True
+    assert recalibrate.with_elementwise(H200, 1.0) == roofline.elementwise_at_peak(H200)  # the model's bound
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(check))
+    with pytest.raises(SystemExit, match="did not run its calibration stage"):
+        recalibrate.run_recalibration(path, facts, as_json=False)
+    out = capsys.readouterr().out
+    assert "Fitted (kernels at least 50% elementwise work): both 0.05 (" in out, out
+    assert "KDA's ratios move" in out
+
+
+def test_the_elementwise_fit_tells_the_sides_apart():
+    """Ours made at 0.05 of the fp32 peak, FLA's token-parallel path at the assumed 0.144 and its
+    safe-gate path failed: each side's own fit finds its rate, the joint one (the model's single
+    unit) lies between and misses kernels of both sides by more than 20 %, and the failed path is
+    named. Made at the assumed rate on both sides, the fit finds it and the ratios hold."""
+    facts = roofline.load_facts()
+    check = profiled_at(facts, {"ours": 0.05, "fla": H200.compute_efficiency, "fla_safe_gate": 0.05},
+                        drop=("fla_safe_gate",))
+    report = recalibrate.kda_elementwise(check, facts, H200)
+    fits = report["fitted_efficiency"]
+    assert fits["ours"] == pytest.approx(0.05, rel=1e-3) and fits["FLA"] == pytest.approx(0.144, rel=1e-3)
+    assert 0.05 < fits["both"] < 0.144
+    assert {miss.split()[0] for miss in report["misses"]} == {"ours", "fla"}, report["misses"]
+    assert report["left_out"] == {"fla_safe_gate": "RuntimeError: x"}
+    held = recalibrate.kda_elementwise(profiled_at(facts, dict.fromkeys(roofline.KDA_SIDES, 0.144)), facts, H200)
+    assert held["fitted_efficiency"]["both"] == pytest.approx(0.144, rel=1e-3) and held["ratios_move"] is False
