@@ -145,7 +145,7 @@ def test_training_step_equals_transformers(family):
     assert rel(ours_grads[worst], grads[worst]) < RTOL, worst
 
 
-@pytest.mark.parametrize("family", [f for f in ("qwen3_next", "kimi_linear") if f in PRESENT])
+@pytest.mark.parametrize("family", MODEL_FAMILIES)
 def test_prefill_then_decode_equals_full_forward(family, monkeypatch):
     """A 20-token prefill, then 4 cached one-token steps (gdn_kcp's
     token-by-token op on transformers' cache states), equal one forward over
