@@ -18,6 +18,7 @@ RUN_BLOCKS = {
     ("README.md", "The layer"): 2,
     ("README.md", "Compile and capture"): 1,
     ("README.md", "Byte queries"): 1,
+    ("README.md", "transformers' models"): 1,
     ("docs/bytes.md", "Byte queries"): 1,
     ("docs/api.md", "KDA: chunk_kda, kda_kcp and naive_kda_recurrence"): 1,
     ("docs/api.md", "transformers' models: gdn_kcp.integrations.transformers"): 1,
@@ -60,6 +61,19 @@ def test_transformers_block():
     assert torch.isfinite(ns["loss"])
     assert all(p.grad is not None for p in ns["model"].model.layers[0].linear_attn.parameters())
     assert not is_patched("qwen3_next")
+
+
+def test_readme_transformers_block():
+    """The README's packed training step of transformers' OLMo-Hybrid on
+    gdn_kcp's ops: a finite loss, a gradient in every parameter of the
+    linear-attention layer, transformers' ops back after the block."""
+    pytest.importorskip("transformers")
+    from gdn_kcp.integrations.transformers import is_patched
+
+    ns = run_block("README.md", "transformers' models")
+    assert torch.isfinite(ns["loss"])
+    assert all(p.grad is not None for p in ns["model"].model.layers[0].linear_attn.parameters())
+    assert not is_patched("olmo_hybrid")
 
 
 def _transformers_kcp_block_on_rank(rank: int, R: int, port: int) -> None:
