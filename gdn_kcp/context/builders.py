@@ -78,6 +78,7 @@ def context_from_split(
             exchanges=bool(chains),
         ),
         doc_rows=start_and_end_docs(mine),
+        frag_tokens=tuple(f[2] - f[1] for f in mine),
     )
 
 

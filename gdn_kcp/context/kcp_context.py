@@ -76,6 +76,10 @@ class KcpContext:
     """``(start_docs, end_docs)`` as host facts when the packing was read on
     the host at build time (None for a capped context built without that
     read: from a fake or traced tensor): not caps."""
+    frag_tokens: tuple[int, ...] | None = field(default=None, compare=False)
+    """Each fragment's token count as host facts, on an exact context built
+    from host bounds (None on a capped one, or one rebuilt from ``meta``):
+    what the byte queries count real rows from without reading the index."""
     packing_digest: int = field(default=0, compare=False)
     """A digest of the packing a capped context was built from on the host (0
     when unknown): not a cap (``meta`` leaves it out), read by the

@@ -385,8 +385,11 @@ def gdn_intermediate_states_layout_kcp(
     h = kernel_saved_layout(ctx, 1, HV, K, V, dtype=dtype, options=OptionsKcp(save_mode="full"))["h"]
     if ctx.capped:
         rows = ctx.index.n_chunks * (CHUNK_SIZE // chunk_size)
+    elif ctx.frag_tokens is not None:
+        rows = sum(-(-length // chunk_size) for length in ctx.frag_tokens)
     else:
-        rows = sum(-(-length // chunk_size) for length in ctx.index.frag_len.tolist())
+        raise ValueError("this exact context holds no host fragment lengths (rebuilt from an op's meta): ask the "
+                         "query of the context the call was made with")
     shape = (rows, *h.shape[1:])
     return SavedSpec(shape=shape, dtype=h.dtype, nbytes=tensor_nbytes(shape, h.dtype))
 
