@@ -34,14 +34,14 @@ import json
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import (  # noqa: E402  (benchmarks/roofline.py: the model)
     FIT_RANGES, H200, KDA_SIDES, Machine, Measured, Shape, calibration_table, estimate, fit, fla_kda_estimate,
     kda_facts, kda_rows, kernel_of, load_facts, model_shape, our_kda_shape_launches, prediction_table,
-    warn_if_stale)
+    warn_if_stale, with_elementwise)
 
 MISS_LIMIT = 0.20
 """A row whose model misses its measurement by more than this is named (the
@@ -358,14 +358,6 @@ def kda_profile(check: object) -> KdaProfile:
     errors = {side: (str(results.get(f"kda_{side}_error") or results.get("kda_fla_error") or "not measured")
                      .splitlines() or [""])[0] for side in KDA_SIDES if side not in measured}
     return KdaProfile(model_shape(T, docs, H, HV, K, V), P, measured, errors, stage.get("status"))
-
-
-def with_elementwise(m: Machine, efficiency: float) -> Machine:
-    """``m`` with its elementwise (fp32) work at ``efficiency`` of the fp32
-    issue peak, its other constants unchanged (the model assumes
-    ``m.compute_efficiency``, the fraction fitted on the GDN rows' tensor-core
-    work; ``math.inf`` makes the elementwise work free)."""
-    return replace(m, fp32=m.fp32 * efficiency / m.compute_efficiency)
 
 
 def kda_kernel_model_ms(profile: KdaProfile, facts: Mapping, m: Machine, sides: Sequence[str] = KDA_SIDES

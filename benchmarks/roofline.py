@@ -462,12 +462,19 @@ def kda_rows(facts: Mapping, m: Machine = H200, heads=((16, 32), (4, 8), (2, 4))
     return rows
 
 
+def with_elementwise(m: Machine, efficiency: float) -> Machine:
+    """``m`` with its elementwise (fp32) work at ``efficiency`` of the fp32
+    issue peak, its other constants unchanged (the model assumes
+    ``m.compute_efficiency``, the fraction fitted on the GDN rows' tensor-core
+    work; ``math.inf`` makes the elementwise work free)."""
+    return replace(m, fp32=m.fp32 * efficiency / m.compute_efficiency)
+
+
 def elementwise_at_peak(m: Machine = H200) -> Machine:
     """``m`` with its fp32 (elementwise) work at the peak issue rate: the
     bound of KDA's rows where no calibration row says how fast either side's
-    elementwise work runs (the fitted compute efficiency divides the fp32
-    peak too)."""
-    return replace(m, fp32=m.fp32 / m.compute_efficiency)
+    elementwise work runs."""
+    return with_elementwise(m, 1.0)
 
 
 def kda_rows_markdown(rows: list[dict]) -> str:
