@@ -12,7 +12,7 @@ instruction. An exponential is its instructions as triton compiles them
 so it counts :data:`MUFU_SLOTS`, added to the rest (a pessimistic choice
 for both sides alike: the MUFU pipe runs beside the FMA pipe). A scan
 (``tl.cumsum``) costs what its lowering issues per element
-(:data:`SCAN_SLOTS`, :data:`SCAN_IN_THREAD_SLOTS`). A sum over an axis
+(:data:`SCAN_SLOTS`). A sum over an axis
 counts one add per element (its cross-lane shuffles are left out on both
 sides), a product a reduction feeds one FMA. Index arithmetic, loads,
 stores and casts count on neither side (bytes count them). A mask that
@@ -23,18 +23,21 @@ for sm_90 by triton 3.9 (a [64, 32] fp32 tile at 4 warps, instructions per
 element beyond a plain copy): ``tl.exp`` 3 FMUL, FSETP and MUFU.EX2;
 ``tl.math.exp2`` (FLA's ``exp2``) MUFU.EX2 alone; ``tl.cumsum`` over the 64
 rows 14 forward and 16 reverse (FADD, FSEL, SHFL, shared-memory stores and
-loads), over the rows of a [16, 16, 32] tile 1 (in a thread); our
-``softplus`` 43.5 instructions, two of them MUFU. They are facts of the
+loads); our ``softplus`` 43.5 instructions, two of them MUFU. They are facts of the
 compiler, not of a GPU: how fast an H200 issues them (the model's compute
 efficiency, fitted on GDN's tensor-core work) no calibration row has
 measured.
 
-Every count is read off the code (``kernels/triton/channel.py`` and the
-programs that call it; FLA 0.5.1's ``fla/ops/kda``, ``fla/ops/gla``,
+Every count is read off the code (the programs that call
+``kernels/triton/channel.py``; FLA 0.5.1's ``fla/ops/kda``, ``fla/ops/gla``,
 ``fla/ops/common/chunk_delta_h.py``, ``fla/ops/utils/cumsum.py``), at the
 headline's options: the gate arrives activated on both sides (no softplus
 runs; ``gate_loads`` says how many gate elements a program reads, each a
 softplus with the gate in the kernel), q/k norm in the kernels, K = V = 128.
+But our intra-chunk products and their pulls, whose dyadic levels reshape
+their tiles: those are read off their compiled code (``tools/sass_counts.py``,
+checked in ``tests/test_roofline.py``), the same instruction classes in
+the same slots.
 """
 
 from __future__ import annotations
@@ -55,9 +58,6 @@ units): MUFU.EX2 alone."""
 SCAN_SLOTS = 15
 """``tl.cumsum`` over the rows of a [64, BK] (or [4, 16, BK]) tile, per
 element: 14 forward, 16 reverse (SASS of a [64, 32] probe at 4 warps)."""
-SCAN_IN_THREAD_SLOTS = 1
-"""``tl.cumsum`` over the first axis of a [16, 16, BK] broadcast tile, per
-element: the axis lies in one thread (SASS of a [16, 16, 32] probe)."""
 SOFTPLUS_SLOTS = 41.5 - 2 + 2 * MUFU_SLOTS + 3
 """Our ``softplus`` (SASS: 43.5 instructions an element, two MUFU) and the
 gate's rate, bias and mask around it: the price of one gate element a
@@ -109,37 +109,48 @@ SUB = 16
 """Our sub-chunks and FLA's (``BC``): 16 rows, 4 to a chunk."""
 
 
-def products(C: int, K: int, BKS: int) -> Count:
-    """``channel.channel_products``, one chunk and value head over all K
-    (``BKS`` key columns a slice): the anchored operands (``b_a``: norm,
-    scale; ``b_b``: norm, reverse scan, exponential, product; per anchor a
-    masked scan, an exponential, a product and two selects), the ``[C, C]``
-    select; inside each sub-chunk every (i, j, d) of the whole 16 x 16 block:
-    the masked segment scan (select, in-thread scan), the exponential, two
-    products, the mask and the sum over d."""
-    E, NB = C * K, C // SUB
-    triples = NB * SUB * SUB * K
-    anchored = ops(E, 2) + exps(E, 2 + SCAN_SLOTS) + exps((NB - 1) * E, 4 + SCAN_SLOTS) + ops(C * C)
-    pairs = exps(triples, 1 + SCAN_IN_THREAD_SLOTS + 2 + 1 + 1) + ops(2 * E)
-    blocks = ops(NB * SUB * SUB * -(-K // BKS) + NB * NB * SUB * SUB + NB * SUB * SUB)  # b_d +=, b_D select, scale
-    return anchored + pairs + blocks + gates(3 * E)
+SASS_K = 128
+"""The key width :data:`PRODUCTS_SASS` and :data:`PULLS_SASS` were compiled at."""
+PRODUCTS_SASS = {"ex2": 32_768, "mufu": 49_408, "fp32": 1_316_992}
+"""``channel.channel_products`` a chunk of 64 tokens and one value head at
+K = 128 (``python tools/sass_counts.py --json``, ``products``; triton 3.9,
+sm_90): MUFU.EX2, every MUFU, and the FP32-pipe instructions (FADD, FMUL,
+FFMA, FSEL, FSETP), each thread's, times the key-slice loop's 8 trips and
+128 threads. Two exponentials an element of the slice (``exp(g)`` of each
+row and of its next row), each computed twice over: at 16 key columns and 4
+warps the ``[64, 16]`` tile's layout holds every element in two threads."""
+PULLS_SASS = {"ex2": 45_056, "mufu": 45_056, "fp32": 1_175_808}
+"""``channel.pair_levels`` and ``channel.channel_pulls`` over every key slice
+(``tools/sass_counts.py``, ``pulls``: a probe kernel at the backward
+programs' 16 key columns and 8 warps), a chunk and value head at K = 128."""
 
 
-def pulls(C: int, K: int, BKS: int) -> Count:
-    """``channel.channel_pulls``, one chunk and value head over all K (``BKS``
-    a slice): the anchors' factors (a reverse scan and an exponential behind,
-    a masked scan and an exponential ahead per anchor), each side's selects,
-    products and sums around the products, the ``[C, C]`` select of dS per
-    anchor and slice; inside each sub-chunk every (i, j, d): the segment
-    scan, the exponential and its mask, and both sides' two products and sum."""
-    E, NB = C * K, C // SUB
-    triples = NB * SUB * SUB * K
-    slices = -(-K // BKS)
-    anchors = exps(E, SCAN_SLOTS) + ops(3 * E) + (exps(E, 1 + SCAN_SLOTS) + ops(9 * E)) * (NB - 1) + ops(E) \
-        + ops((NB - 1) * C * C * slices)
-    pairs = exps(triples, 1 + SCAN_IN_THREAD_SLOTS + 1 + 6) + ops(2 * E) \
-        + ops(slices * NB * (2 * 2 * NB * SUB * SUB + 2 * NB * SUB * BKS))
-    return anchors + pairs + ops(2 * E) + gates(3 * E)
+def sass_count(facts: dict[str, int], C: int, K: int) -> Count:
+    """A compiled count (:data:`PRODUCTS_SASS`, :data:`PULLS_SASS`) at key
+    width K: every instruction lies in the key-slice loop, so the work scales
+    with K; the gates read, two a row and channel (each row's and its next
+    row's)."""
+    if C != 64:
+        raise ValueError(f"the dyadic levels are written out for 64-row chunks, got C={C}")
+    per_channel = K / SASS_K
+    return Count(exps=facts["ex2"] * per_channel, slots=(facts["fp32"] + MUFU_SLOTS * facts["mufu"]) * per_channel,
+                 gate_loads=2 * C * K)
+
+
+def products(C: int, K: int) -> Count:
+    """``channel.channel_products``, one chunk and value head over all K, as
+    compiled (:data:`PRODUCTS_SASS`): the dyadic levels, each pair's decay
+    a product of two running products of ``exp(g)``, the levels of half
+    width 8 to 1 elementwise, one FMA a pair and channel; the shuffles and
+    shared-memory round trips of its layout changes are not priced (nor
+    FLA's)."""
+    return sass_count(PRODUCTS_SASS, C, K)
+
+
+def pulls(C: int, K: int) -> Count:
+    """``channel.channel_pulls`` with ``pair_levels``, one chunk and value
+    head over all K, as compiled (:data:`PULLS_SASS`)."""
+    return sass_count(PULLS_SASS, C, K)
 
 
 def key_decays(C: int, K: int) -> Count:
@@ -168,23 +179,23 @@ def our_kda_counts(C: int, K: int, V: int, BW: int, bks: dict[str, int], inverse
     E, NW = C * K, -(-V // BW)
     state = K * BW  # a walk program's state rows decay: one FMA an element
     return {
-        "channel_wy_inverse_kernel": products(C, K, bks["wy_inverse"]) + ops(4 * C * C) + ops(inverse_slots),
+        "channel_wy_inverse_kernel": products(C, K) + ops(4 * C * C) + ops(inverse_slots),
         "prep_kernel[channel]": exps(E, SCAN_SLOTS + 3) + gates(E) + ops(C * V),
-        "channel_scores_kernel": products(C, K, bks["scores"]),
+        "channel_scores_kernel": products(C, K),
         "walk_output_kernel[channel]": (query_decays(C, K) + key_decays(C, K) + ops(state + 2 * C * BW)) * NW,
         "tape_walk_kernel[channel]": (key_decays(C, K) + ops(state + C * BW)) * NW,
-        "output_kernel[channel]": products(C, K, bks["output"]) + query_decays(C, K) * -(-V // bks["output_bv"])
+        "output_kernel[channel]": products(C, K) + query_decays(C, K) * -(-V // bks["output_bv"])
         + ops(C * V),
-        "bwd_local_dv_kernel[channel]": products(C, K, bks["local_dv"]) + ops(C * V),
+        "bwd_local_dv_kernel[channel]": products(C, K) + ops(C * V),
         "adjoint_walk_kernel[channel]": (key_decays(C, K) + query_decays(C, K, norm=False)
                                          + ops(state + 4 * C * BW)) * NW,
         # the pulls; the gates, the tail's reverse scan, dq's state term (scan, exponential, two products),
         # dk's end term, the norms, dg's terms and the last row's; dP's mask, scale and diagonal blocks
-        "bwd_dqkwg_kernel[channel]": pulls(C, K, bks["dqkwg"]) + gates(2 * E) + ops(E, SCAN_SLOTS)
+        "bwd_dqkwg_kernel[channel]": pulls(C, K) + gates(2 * E) + ops(E, SCAN_SLOTS)
         + exps(E, SCAN_SLOTS + 2) + exps(E, 1) + ops(E, 2 + 1 + 4 + 2 + 2) + ops(4 * C * C),
         # the pulls; exp(G) twice (scan, exponential), the norms, dA's operand, dk, dbeta, dg; dL's mask,
         # diagonal blocks, beta
-        "bwd_wy_kernel[channel]": pulls(C, K, bks["wy"]) + exps(2 * E, SCAN_SLOTS) + gates(2 * E)
+        "bwd_wy_kernel[channel]": pulls(C, K) + exps(2 * E, SCAN_SLOTS) + gates(2 * E)
         + ops(E, 2 + 2 + 2 + 4 + 4 + 6) + ops(7 * C * C) + ops(3 * C * V),
         "bwd_gate_cumsum_channel_kernel": ops(E, SCAN_SLOTS),
         "segment_summary_kernel[channel]": key_decays(C, K) + ops(K * BW + C * BW),  # a program, a chunk

@@ -248,25 +248,38 @@ def kda_merge_flops(C: int) -> float:
     return C // (2 * SB) * 2 * (2 * SB**3)
 
 
+def dyadic_products(C: int, K: int) -> int:
+    """The tensor-core FLOPs of one formation of KDA's intra-chunk pairs over
+    K: the dyadic levels of half width ``SUB_ROWS`` and more, each ``C / 2h``
+    products of ``[h, K] x [K, h]`` (at C = 64: one of 32 and two of 16, 3,072
+    K FLOPs, against the 24,576 K of three masked ``[64, 64]`` products)."""
+    flops, h = 0, C // 2
+    while h >= SUB_ROWS:
+        flops += C // (2 * h) * 2 * h * h * K
+        h //= 2
+    return flops
+
+
 def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: int = 1,
                      counts: Mapping[str, kda_counts.Count] | None = None) -> list[Launch]:
     """Every Triton launch of one KDA forward and backward (``chunk_kda``'s host
     path, a gate per key channel, the programs of :func:`our_programs`, each
     at its ``[channel]`` configuration) under ``save_mode``, with P intra-rank
-    segments per fragment. The intra-chunk products go through sub-chunk
-    anchors: per chunk ``NB - 1`` products of ``[C, C]`` over K under tf32
-    (``kernels.precision.channel_mode``), the pairs inside each sub-chunk of
-    ``SUB`` rows elementwise, exact for any gate. Every program's elementwise
+    segments per fragment. The intra-chunk products go through dyadic
+    anchors (``kernels/triton/channel.py``): the pairs across sub-chunks as
+    products of exactly those pairs under tf32
+    (``kernels.precision.channel_mode``, :func:`dyadic_products`), the pairs
+    inside each sub-chunk of ``SUB`` rows elementwise, exact for any gate. Every program's elementwise
     work is :func:`our_kda_counts`' (``counts``: others, e.g. with no pair
     work), in issue slots priced at the fp32 peak (``kda_counts``)."""
     C, K, V, HV, NC = s.C, s.K, s.V, s.HV, s.NC
     BW, n = walk_block(V), BF16
-    NB, NW = C // SUB_ROWS, -(-V // BW)
+    NW = -(-V // BW)
     F, steps = s.fragments * P, -(-s.chunks_per_fragment // P)
     count = our_kda_counts(s) if counts is None else counts
     qk = 2 * C * K * n + 2 * C * e["q_rstd"]
     g = C * K * n  # a chunk's gates, one per key channel
-    anchored = (NB - 1) * 2 * C * C * K  # the pairs across sub-chunks: one [C, C] product over K per anchor
+    anchored = dyadic_products(C, K)  # the pairs across sub-chunks, on tensor cores
 
     def elementwise(kernel: str, share: int = 1) -> Work:  # a program's share of its kernel's work a chunk
         return Work(fp32=count[kernel].flops / share)

@@ -216,14 +216,14 @@ def test_the_same_math_counts_the_same_flops():
 
 
 def test_kda_launches_counted_by_hand():
-    """Ours with a gate per key channel: the intra-chunk products through 3
-    anchors (tf32); the elementwise work kda_counts' issue slots at 2 FLOPs
+    """Ours with a gate per key channel: the intra-chunk products through the
+    dyadic anchors (tf32); the elementwise work kda_counts' issue slots at 2 FLOPs
     each; the gates ``[T, HV, K]`` read where GDN's ``[T, HV]`` are."""
     launches = our_launches.our_kda_launches(TINY, POOLS)
     counts = our_launches.our_kda_counts(TINY)
     scores = launch_of(launches, "channel_scores_kernel")  # one program per chunk and value head: 2 x 2
     assert scores.programs == 4 and scores.work == Work(
-        tf32=3 * 2 * 64 * 64 * 16,  # one [64, 64] product over K per anchor
+        tf32=2 * (32 * 32 + 2 * 16 * 16) * 16,  # [32, K] x [K, 32] and two [16, K] x [K, 16]
         fp32=2 * counts["channel_scores_kernel"].slots,
         bytes=4096 + 512 + 2048 + 8192)  # q k, their norms, g [64, 16] bf16, the scores
     walk = launch_of(launches, "walk_output_kernel[channel]")
@@ -248,15 +248,20 @@ def test_kda_launches_counted_by_hand():
 
 def test_kda_counts_by_hand():
     """kda_counts' per-chunk figures at C = 64, K = V = 128: one formation of
-    our products takes an exponential for every (i, j, d) of each whole 16 x
-    16 block and for 4 [64, K] anchor tiles; FLA's token-parallel kernel one
-    per pair of the lower triangles (j <= i); its safe-gate sub-chunk kernel
-    two per element of q and k; an exponential's slots are triton's."""
+    our products takes MUFU.EX2 four times an element of q and k (two
+    exponentials, each held in two threads by the slice's layout: the
+    compiled counts, which test_triton_compile checks) and reads two gates a
+    row and channel; FLA's token-parallel kernel one per pair of the lower
+    triangles (j <= i); its safe-gate sub-chunk kernel two per element of q
+    and k; an exponential's slots are triton's."""
     import kda_counts
 
     assert (kda_counts.EXP_SLOTS, kda_counts.EXP2_SLOTS, kda_counts.FLOP_PER_SLOT) == (12, 8, 2)
-    ours = kda_counts.products(64, 128, 32)
-    assert ours.exps == 4 * 16 * 16 * 128 + 4 * 64 * 128 and ours.gate_loads == 3 * 64 * 128
+    ours = kda_counts.products(64, 128)
+    assert ours.exps == 4 * 64 * 128 and ours.gate_loads == 2 * 64 * 128
+    assert kda_counts.products(64, 16).slots == ours.slots / 8  # every instruction in the key-slice loop
+    with pytest.raises(ValueError, match="C=32"):
+        kda_counts.pulls(32, 128)
     fla = kda_counts.fla_kda_counts(64, 128, 128, 128, 32)
     assert fla["chunk_kda_fwd_kernel_intra_token_parallel"].exps == 64 * 8.5 * 128
     assert fla["chunk_kda_fwd_kernel_intra_token_parallel"].slots == 64 * 8.5 * 128 * 12 + 64 * 128

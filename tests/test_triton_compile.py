@@ -207,3 +207,29 @@ def test_specs_specialise_the_ints_a_launch_specialises():
         divisible = {p.name for i, p in enumerate(kernel.params) if (i,) in attrs}
         assert divisible - {"k", "w", "u", "g", "gate_params", "k_rstd", "chunk_table", "frag_table",
                             "initial_state", "out"} == expected, (K, divisible)
+
+
+SASS_TRITON = "3.9"
+"""The triton whose SASS ``benchmarks/kda_counts.py``'s compiled counts are."""
+
+
+@pytest.mark.skipif(not __import__("triton").__version__.startswith(SASS_TRITON),
+                    reason=f"kda_counts' compiled counts are triton {SASS_TRITON}'s SASS")
+def test_kda_counts_are_the_compiled_code(tmp_path):
+    """The model's counts of KDA's intra-chunk products and pulls
+    (``kda_counts.PRODUCTS_SASS``, ``PULLS_SASS``) are what
+    ``tools/sass_counts.py`` reads off their sm_90 SASS now: a change of the
+    code that moves them fails here until the model says so."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+        import kda_counts
+    finally:
+        sys.path.pop(0)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, os.path.join(root, "tools", "sass_counts.py"), "--json"], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    compiled = json.loads(result.stdout.splitlines()[-1])
+    for name, facts in (("products", kda_counts.PRODUCTS_SASS), ("pulls", kda_counts.PULLS_SASS)):
+        assert {key: compiled[name][key] for key in facts} == facts, name

@@ -14,7 +14,7 @@ from ._common import (BT, acc_dtype, causal_decay, channel_gates, chunk_tokens, 
                       load_qk_cols,
                       load_rows_cols, load_state_rows, mm_mode, pointer, register_cap, store_rows_cols,
                       store_scalars)
-from .channel import channel_pulls, diagonal_blocks
+from .channel import channel_pulls, pair_levels
 from .scores import SUB_ROWS
 
 
@@ -84,14 +84,14 @@ def channel_dqkwg(q, k, g, gate_params, h, v_new, do, dh, dv_new, q_rstd, k_rstd
     """:func:`bwd_dqkwg_kernel` for a gate per key channel (KDA;
     ``kernels.torch.bwd_dqkwg.channel_dqkwg``), one slice of ``BKS`` key
     channels at a time: the score terms by ``channel.channel_pulls`` of
-    ``dP = scale dO Vn^T`` (causal) in sub-chunks of ``SUB`` under ``CMM``,
+    ``dP = scale dO Vn^T`` (causal) by dyadic anchors under ``CMM``,
     the state and end terms decayed per channel, and dg per channel
     ``[T, HV, K]``: ``Q * dQ - K * dK`` of each term, the chunk's last row
     also ``<dK_end, K>`` summed over the rows and ``exp(G_C) <dS, S0>``."""
     tok, o_t, m_t = chunk_tokens(start, length, BT)
     dP = tl.where(o_t[:, None] >= o_t[None, :], scale * do_vn, 0.0)
     ones = tl.full([BT], 1.0, ACC)
-    dP_D = diagonal_blocks(dP, SUB)  # once for every key slice (as diag(1) dP's too)
+    l32, l16, l8, l4, l2, l1, l0 = pair_levels(dP, BT)  # once for every key slice
     for c0 in range(0, BK, BKS):
         b_g = channel_gates(g, gate_params, tok, m_t, HV, i_h, K, c0, BKS, GATE, ACC)
         # exp(sum_{l > i} g_l): the gates one row on, summed backwards (each exponent a sum of exactly its gates)
@@ -101,8 +101,8 @@ def channel_dqkwg(q, k, g, gate_params, h, v_new, do, dh, dv_new, q_rstd, k_rstd
                                                 ACC, MM)
         dq_state = scale * tl.exp(tl.cumsum(b_g, 0)) * do_S0
         dk_end = tl.exp(b_tail) * vn_dS
-        dq_p, dk_p = channel_pulls(dP, dP_D, dP_D, q, k, q_rstd, k_rstd, g, gate_params, ones, start, length, H_qk,
-                                   i_hk, HV, i_h, K, c0, BT, SUB, BKS, HAS_NORM, GATE, ACC, CMM)
+        dq_p, dk_p = channel_pulls(l32, l16, l8, l4, l2, l1, l0, q, k, q_rstd, k_rstd, g, gate_params, ones, start,
+                                   length, H_qk, i_hk, HV, i_h, K, c0, BT, BKS, HAS_NORM, GATE, ACC, CMM)
         b_q = load_qk_cols(q, q_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         store_rows_cols(dq, dq_state + dq_p, tok, m_t, HV, i_h, K, c0, BKS)

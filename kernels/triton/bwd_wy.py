@@ -19,7 +19,7 @@ from ..precision import channel_mode, matmul_mode
 from ._common import (BT, acc_dtype, causal_decay, channel_gates, chunk_tokens, dot, head_block, launch, load_beta, load_gates,
                       load_operand, load_qk_cols, load_rows_cols, load_scalars, mm_mode, pointer, register_cap,
                       store_rows_cols, store_scalars, value_block)
-from .channel import channel_pulls, diagonal_blocks
+from .channel import channel_pulls, pair_levels
 from .scores import SUB_ROWS
 
 
@@ -80,8 +80,8 @@ def channel_wy(k, v, beta, g, gate_params, A, dw, du, k_rstd, dk_acc, dv, dbeta,
     """:func:`bwd_wy_kernel` for a gate per key channel (KDA;
     ``kernels.torch.bwd_wy.channel_wy``): W's decay per channel in dA, and
     ``L_ij = sum_d (beta_i k_id) k_jd exp(G_id - G_jd)``'s gradient dL
-    pulled to its two operands by ``channel.channel_pulls`` (sub-chunks of
-    ``SUB``, products under ``CMM``), one slice of ``BKS`` key channels at a
+    pulled to its two operands by ``channel.channel_pulls`` (dyadic anchors,
+    products under ``CMM``), one slice of ``BKS`` key channels at a
     time; dg per channel ``[T, HV, K]``."""
     tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_beta, dbeta_dinput = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
@@ -93,15 +93,14 @@ def channel_wy(k, v, beta, g, gate_params, A, dw, du, k_rstd, dk_acc, dv, dbeta,
         b_dw = load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC)
         dA += dot(b_dw, tl.trans(b_beta[:, None] * e_G * b_k), MM)
     dL = tl.where(o_t[:, None] > o_t[None, :], -dot(dot(tl.trans(b_A), dA, MM), tl.trans(b_A), MM), 0.0)
-    dL_D = diagonal_blocks(dL, SUB)
-    dLs_D = diagonal_blocks(dL * b_beta[:, None], SUB)  # the right operand's beta
+    l32, l16, l8, l4, l2, l1, l0 = pair_levels(dL, BT)  # once for every key slice
     for c0 in range(0, BK, BKS):
         b_k = load_qk_cols(k, k_rstd, tok, m_t, H_qk, i_hk, K, c0, BKS, HAS_NORM, ACC)
         e_G = tl.exp(tl.cumsum(channel_gates(g, gate_params, tok, m_t, HV, i_h, K, c0, BKS, GATE, ACC), 0))
         At_dw = dot(tl.trans(b_A), load_rows_cols(dw, tok, m_t, HV, i_h, K, c0, BKS, ACC), MM)
         # the left operand's pull dL . K and the right one's dL^T . (beta K)
-        d_left, d_right = channel_pulls(dL, dL_D, dLs_D, k, k, k_rstd, k_rstd, g, gate_params, b_beta, start, length,
-                                        H_qk, i_hk, HV, i_h, K, c0, BT, SUB, BKS, HAS_NORM, GATE, ACC, CMM)
+        d_left, d_right = channel_pulls(l32, l16, l8, l4, l2, l1, l0, k, k, k_rstd, k_rstd, g, gate_params, b_beta,
+                                        start, length, H_qk, i_hk, HV, i_h, K, c0, BT, BKS, HAS_NORM, GATE, ACC, CMM)
         through_w = e_G * b_k * At_dw
         b_dk = b_beta[:, None] * (e_G * At_dw + d_left) + d_right
         b_dk += load_rows_cols(dk_acc, tok, m_t, HV, i_h, K, c0, BKS, ACC)

@@ -3,19 +3,31 @@ device form of ``kernels/torch/_channel.py`` shared by the scores and the WY
 inverse, and the walks' state update (:func:`channel_advance_state`).
 
 ``S_ij = s_i sum_d a_id b_jd exp(Γ_id - Γ_jd)`` for the rows ``j <= i`` of a
-chunk comes in two parts. The pairs across sub-chunks are ``[BT, BT]``
-products at M = N = BT (warpgroup MMAs), one per anchor ``r_J`` (the last row
-of sub-chunk J): the rows after J decayed to it, ``a_i exp(Γ_i - Γ_r)``,
-against the rows of J decayed from it, ``b_j exp(Γ_r - Γ_j)``. The pairs
-inside a sub-chunk are taken elementwise. Every exponent is a sum of exactly
-the gates it spans, none positive, so no factor overflows for any gate and a
-``-inf`` gate (a hard reset of one channel) gives an exact zero.
+chunk of 64 rows is taken by **dyadic anchors**: the chunk is halved, and
+halved again, down to single rows, and each pair ``i > j`` at the level where
+``i`` and ``j`` first fall in different halves, through that level's anchor
+``r``, the last row of ``j``'s half (so ``j <= r < i``):
 
-Sub-chunks here have ``SUB`` = 16 rows (``tl.dot``'s least M and N), as the
-torch twin's; the two agree to the rounding of their sums and products, not
-bitwise. At 16 they are also the WY inverse's diagonal blocks
-(``kernels.torch.prep.INVERSE_BLOCK``), which its substitution takes straight
-from the elementwise part."""
+    exp(Γ_i - Γ_j) = exp(Γ_i - Γ_r) exp(Γ_r - Γ_j)
+
+Both factors are at most 1 for any gate: ``exp(Γ_i - Γ_r)`` is the running
+product of ``exp(g_l)`` over ``i``'s half up to ``i``, ``exp(Γ_r - Γ_j)`` that
+over the rows after ``j`` in ``j``'s half (each factor a product of exactly
+the gates it spans, never a difference of two cumulative sums), so a ``-inf``
+gate (a hard reset of one channel) gives an exact zero and ``-1000`` no NaN.
+A slice of key channels takes two exponentials a row and channel (``exp(g)``
+of each row and of the next), whatever the level.
+
+At half widths 32 and 16 a level is a product on tensor cores of exactly the
+pairs it holds (``[32, BKS] x [BKS, 32]``, and a batch of two ``[16, BKS] x
+[BKS, 16]``): the pairs across the 16-row sub-chunks. At 8, 4, 2 and 1 it is
+taken elementwise, one FMA a pair and channel (480 pairs a chunk, and the
+diagonal): the pairs inside a sub-chunk. Nothing is formed under a mask. The
+sub-chunks of 16 rows (``tl.dot``'s least M and N) are also the WY inverse's
+diagonal blocks (``kernels.torch.prep.INVERSE_BLOCK``), which its
+substitution takes straight from the elementwise part. The torch twin
+(anchors at the sub-chunks' ends, exponentials of running sums) agrees to
+the rounding of the sums and products, not bitwise."""
 
 from __future__ import annotations
 
@@ -25,10 +37,119 @@ import triton.language as tl
 from ._common import (channel_gates, chunk_tokens, chunk_values, dot, load_qk_cols, operand, state_chunk,
                       store_rows_cols, walk_operands)
 
-BKS_CHANNEL = 32
-"""Key columns per slice of :func:`channel_products`: its elementwise
-``[16, 16, BKS]`` pairs inside a sub-chunk hold 64 fp32 values a thread at 4
-warps."""
+BKS_CHANNEL = 16
+"""Key columns per slice of :func:`channel_products`: at 32 its programs
+spilled 260 to 276 B a thread at K = 128 (ptxas, triton 3.9, sm_90: the
+levels' tiles and their layout changes), at 16 none (246 to 253 registers)."""
+
+
+@triton.jit
+def halves(x, H: tl.constexpr):
+    """The rows ``[R, D]`` in blocks of ``2 H``: the first and the second
+    ``H`` rows of each, ``[R / 2H, H, D]`` both."""
+    R: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    return tl.split(tl.permute(tl.reshape(x, [R // (2 * H), 2, H, D]), (0, 2, 3, 1)))
+
+
+@triton.jit
+def unhalves(first, second):
+    """:func:`halves` undone: ``[N, H, D]`` twice -> rows ``[2 N H, D]``."""
+    N: tl.constexpr = first.shape[0]
+    H: tl.constexpr = first.shape[1]
+    D: tl.constexpr = first.shape[2]
+    return tl.reshape(tl.permute(tl.join(first, second), (0, 3, 1, 2)), [2 * N * H, D])
+
+
+@triton.jit
+def assemble(diag, low):
+    """``[N, 2H, 2H]`` lower blocks from their diagonal halves ``diag``
+    ``[2N, H, H]`` and the pairs across them ``low`` ``[N, H, H]`` (rows of
+    the second half, columns of the first); zero above."""
+    N: tl.constexpr = low.shape[0]
+    H: tl.constexpr = low.shape[1]
+    top, bottom = tl.split(tl.permute(tl.reshape(diag, [N, 2, H, H]), (0, 2, 3, 1)))
+    upper = tl.reshape(tl.permute(tl.join(top, tl.zeros_like(top)), (0, 1, 3, 2)), [N, H, 2 * H])
+    lower = tl.reshape(tl.permute(tl.join(low, bottom), (0, 1, 3, 2)), [N, H, 2 * H])
+    return tl.reshape(tl.permute(tl.join(upper, lower), (0, 3, 1, 2)), [N, 2 * H, 2 * H])
+
+
+@triton.jit
+def disassemble(x):
+    """:func:`assemble` undone (what lies above the diagonal halves is
+    dropped): ``[N, 2H, 2H]`` -> ``(diag [2N, H, H], low [N, H, H])``."""
+    N: tl.constexpr = x.shape[0]
+    H: tl.constexpr = x.shape[1] // 2
+    # [N, row, column, row half, column half]
+    parts = tl.permute(tl.reshape(x, [N, 2, H, 2, H]), (0, 2, 4, 1, 3))
+    left, right = tl.split(parts)
+    top, low = tl.split(left)
+    _, bottom = tl.split(right)
+    return tl.reshape(tl.permute(tl.join(top, bottom), (0, 3, 1, 2)), [2 * N, H, H]), low
+
+
+@triton.jit
+def pair_levels(x, BT: tl.constexpr):
+    """A lower ``[BT, BT]`` tile (BT = 64) at the dyadic levels: the pairs
+    across the halves of width 32, 16, 8, 4, 2 and 1 (``[64 / 2H, H, H]``
+    each, rows of the second half, columns of the first) and the diagonal ``[BT]``; what lies above it is dropped. Formed
+    once for every key slice of :func:`channel_pulls`."""
+    d, l32 = disassemble(tl.reshape(x, [1, BT, BT]))
+    d, l16 = disassemble(d)
+    d, l8 = disassemble(d)
+    d, l4 = disassemble(d)
+    d, l2 = disassemble(d)
+    d, l1 = disassemble(d)
+    return l32, l16, l8, l4, l2, l1, tl.reshape(d, [BT])
+
+
+@triton.jit
+def level_operands(b_a, b_b, e, e_n, H: tl.constexpr):
+    """Level ``H`` (pairs across the halves of ``2H``-row blocks) of a key
+    slice: the second halves' factors ``exp(Γ_i - Γ_r)`` (the running product
+    of ``e = exp(g)`` from the half's first row to row i) and ``b_a`` times
+    them; the first halves' ``exp(Γ_r - Γ_j)`` (the products of ``e_n``, each
+    row's next row's ``exp(g)``, from row j to the half's last row but one)
+    and ``b_b`` times them. Each ``[R / 2H, H, BKS]``."""
+    _, a_hi = halves(b_a, H)
+    b_lo, _ = halves(b_b, H)
+    _, e_hi = halves(e, H)
+    ahead = tl.cumprod(e_hi, 1)
+    if H > 1:
+        e_n_lo, _ = halves(e_n, H)
+        o_h = tl.arange(0, H)
+        behind = tl.cumprod(tl.where((o_h < H - 1)[None, :, None], e_n_lo, 1.0), 1, reverse=True)
+    else:
+        behind = tl.full(b_lo.shape, 1.0, b_lo.dtype)
+    return ahead, a_hi * ahead, behind, b_lo * behind
+
+
+@triton.jit
+def decayed_sides(b_a, b_b, e, e_n, H: tl.constexpr):
+    """:func:`level_operands`' decayed rows alone: ``(a_i exp(Γ_i - Γ_r),
+    b_j exp(Γ_r - Γ_j))``."""
+    ahead, A, behind, B = level_operands(b_a, b_b, e, e_n, H)
+    return A, B
+
+
+@triton.jit
+def level_pairs(b_a, b_b, e, e_n, H: tl.constexpr):
+    """Level ``H`` < 16 of :func:`channel_products` for one key slice,
+    elementwise: ``[R / 2H, H, H]``."""
+    A, B = decayed_sides(b_a, b_b, e, e_n, H)
+    return tl.sum(A[:, :, None, :] * B[:, None, :, :], 3)
+
+
+@triton.jit
+def slice_rows(a, b, a_rstd, b_rstd, g, gate_params, a_scale, tok, m_t, tok_n, m_n, H_qk, i_hk, HV, i_h, K, k0,
+               BKS: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr):
+    """One key slice of a chunk: a (times ``a_scale``), b, ``exp(g)`` of
+    each row and of its next row (1 past the chunk's last)."""
+    e = tl.exp(channel_gates(g, gate_params, tok, m_t, HV, i_h, K, k0, BKS, GATE, ACC))
+    e_n = tl.exp(channel_gates(g, gate_params, tok_n, m_n, HV, i_h, K, k0, BKS, GATE, ACC))
+    b_a = load_qk_cols(a, a_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC) * a_scale[:, None]
+    b_b = load_qk_cols(b, b_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
+    return b_a, b_b, e, e_n
 
 
 @triton.jit
@@ -41,48 +162,34 @@ def channel_products(a, b, a_rstd, b_rstd, g, gate_params, b_scale, start, lengt
     round their operands), the products run under rule ``MM``. Returns the
     pairs across sub-chunks ``[BT, BT]`` (zero on and above the ``[SUB, SUB]``
     diagonal blocks) and those inside them ``[BT / SUB, SUB, SUB]``, on
-    ``i >= j`` (``i > j`` when ``STRICT``), zero elsewhere."""
-    NB: tl.constexpr = BT // SUB
+    ``i >= j`` (``i > j`` when ``STRICT``), zero elsewhere: the dyadic levels
+    (module docstring) put together."""
+    tl.static_assert(BT == 64 and SUB == 16, "the dyadic levels are written out for 64-row chunks")
     tok, o_t, m_t = chunk_tokens(start, length, BT)
-    tok_n, _, m_n = chunk_tokens(start + 1, length - 1, BT)  # each row's next row
-    m_n = m_n & ((o_t + 1) % SUB != 0)  # ... inside its sub-chunk
-    block = o_t // SUB
-    b_s = tl.zeros([BT, BT], dtype=ACC)
+    tok_n, o_n, m_n = chunk_tokens(start + 1, length - 1, BT)  # each row's next row
+    p32 = tl.zeros([BT // 2, BT // 2], dtype=ACC)
+    p16 = tl.zeros([2, SUB, SUB], dtype=ACC)
+    p8 = tl.zeros([4, 8, 8], dtype=ACC)
+    p4 = tl.zeros([8, 4, 4], dtype=ACC)
+    p2 = tl.zeros([16, 2, 2], dtype=ACC)
+    p1 = tl.zeros([32, 1, 1], dtype=ACC)
+    p0 = tl.zeros([BT], dtype=ACC)
     for k0 in range(0, K, BKS):
-        b_g = channel_gates(g, gate_params, tok, m_t, HV, i_h, K, k0, BKS, GATE, ACC)
-        # sum_{j < l <= r_J} g_l: the next rows' gates summed backwards within each sub-chunk
-        b_gn = tl.reshape(channel_gates(g, gate_params, tok_n, m_n, HV, i_h, K, k0, BKS, GATE, ACC), [NB, SUB, BKS])
-        b_behind = tl.reshape(tl.cumsum(b_gn, 1, reverse=True), [BT, BKS])
-        b_a = load_qk_cols(a, a_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC) * b_scale[:, None]
-        b_b = load_qk_cols(b, b_rstd, tok, m_t, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC) * tl.exp(b_behind)
-        for J in tl.static_range(NB - 1):
-            # sum_{r_J < l <= i} g_l for the rows after J's anchor r_J (a sum of exactly those gates)
-            b_ahead = tl.cumsum(tl.where(o_t[:, None] > J * SUB + SUB - 1, b_g, 0.0), 0)
-            b_left = tl.where((block > J)[:, None], b_a * tl.exp(b_ahead), 0.0)
-            b_right = tl.where((block == J)[:, None], b_b, 0.0)
-            b_s += dot(b_left, tl.trans(b_right), MM)
-    # a select, not the products' zeros: a non-finite row j of b reaches only the pairs (i > j, j)
-    b_s = tl.where(block[:, None] > block[None, :], b_s, 0.0)
-    o_s, o_b = tl.arange(0, SUB), tl.arange(0, NB)
-    below = o_s[:, None] > o_s[None, :]
-    if STRICT:
-        m_pair = below
-    else:
-        m_pair = o_s[:, None] >= o_s[None, :]
-    b_D = tl.zeros([NB, SUB, SUB], dtype=ACC)
-    for I in tl.static_range(NB):
-        tok_i, _, m_i = chunk_tokens(start + I * SUB, length - I * SUB, SUB)
-        b_d = tl.zeros([SUB, SUB], dtype=ACC)
-        for k0 in range(0, K, BKS):
-            b_gi = channel_gates(g, gate_params, tok_i, m_i, HV, i_h, K, k0, BKS, GATE, ACC)
-            # segment[x, y] = sum_{y < l <= x} g_l: column y sums the gates of the rows below it
-            segment = tl.cumsum(tl.where(below[:, :, None], b_gi[:, None, :], 0.0), 0)
-            b_ai = load_qk_cols(a, a_rstd, tok_i, m_i, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
-            b_bi = load_qk_cols(b, b_rstd, tok_i, m_i, H_qk, i_hk, K, k0, BKS, HAS_NORM, ACC)
-            b_pair = b_ai[:, None, :] * b_bi[None, :, :] * tl.exp(segment)
-            b_d += tl.sum(tl.where(m_pair[:, :, None], b_pair, 0.0), 2)
-        b_D = tl.where((o_b == I)[:, None, None], b_d[None, :, :], b_D)
-    return b_s, b_D * tl.reshape(b_scale, [NB, SUB])[:, :, None]
+        b_a, b_b, e, e_n = slice_rows(a, b, a_rstd, b_rstd, g, gate_params, b_scale, tok, m_t, tok_n, m_n, H_qk,
+                                      i_hk, HV, i_h, K, k0, BKS, HAS_NORM, GATE, ACC)
+        A32, B32 = decayed_sides(b_a, b_b, e, e_n, 32)
+        p32 += dot(tl.reshape(A32, [BT // 2, BKS]), tl.trans(tl.reshape(B32, [BT // 2, BKS])), MM)
+        A16, B16 = decayed_sides(b_a, b_b, e, e_n, 16)
+        p16 += dot(A16, tl.permute(B16, (0, 2, 1)), MM)
+        p8 += level_pairs(b_a, b_b, e, e_n, 8)
+        p4 += level_pairs(b_a, b_b, e, e_n, 4)
+        p2 += level_pairs(b_a, b_b, e, e_n, 2)
+        p1 += level_pairs(b_a, b_b, e, e_n, 1)
+        if not STRICT:
+            p0 += tl.sum(b_a * b_b, 1)
+    b_s = assemble(assemble(tl.zeros([4, SUB, SUB], dtype=ACC), p16), tl.reshape(p32, [1, BT // 2, BT // 2]))
+    b_D = assemble(assemble(assemble(assemble(tl.reshape(p0, [BT, 1, 1]), p1), p2), p4), p8)
+    return tl.reshape(b_s, [BT, BT]), b_D
 
 
 @triton.jit
@@ -188,64 +295,58 @@ def with_diagonal_blocks(b_s, b_D):
 
 
 @triton.jit
-def diagonal_blocks(x, SUB: tl.constexpr):
-    """The ``[BT / SUB, SUB, SUB]`` diagonal blocks of a ``[BT, BT]`` tile (a
-    select, so a non-finite entry off them reaches none)."""
-    NB: tl.constexpr = x.shape[0] // SUB
-    o_b = tl.arange(0, NB)
-    same = o_b[:, None, None, None] == o_b[None, None, :, None]  # [block, row, block, column]
-    return tl.sum(tl.where(same, tl.reshape(x, [NB, SUB, NB, SUB]), 0.0), 2)
+def level_dot(x, y, MM: tl.constexpr):
+    """A batch of products ``[N, M, J] x [N, J, D]``; one of N = 1 as a
+    plain ``[M, J] x [J, D]`` (a warpgroup MMA)."""
+    if x.shape[0] == 1:
+        return tl.reshape(dot(tl.reshape(x, [x.shape[1], x.shape[2]]), tl.reshape(y, [y.shape[1], y.shape[2]]), MM),
+                          [1, x.shape[1], y.shape[2]])
+    else:
+        return dot(x, y, MM)
 
 
 @triton.jit
-def channel_pulls(dS, dS_D, dSs_D, a, b, a_rstd, b_rstd, g, gate_params, a_scale, start, length, H_qk, i_hk, HV, i_h,
-                  K, col0, BT: tl.constexpr, SUB: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr,
+def level_pulls(low, b_a, b_b, e, e_n, H: tl.constexpr, CMM: tl.constexpr):
+    """Level ``H`` of :func:`channel_pulls` for the pairs' gradient ``low``
+    ``[R / 2H, H, H]`` (:func:`pair_levels`): a's side on the second halves'
+    rows, b's on the first halves', each ``[R, BKS]`` (zero elsewhere); on
+    tensor cores under ``CMM`` at H >= 16, elementwise below."""
+    ahead, A, behind, B = level_operands(b_a, b_b, e, e_n, H)
+    if H >= 16:
+        t_a = level_dot(low, B, CMM)
+        t_b = level_dot(tl.permute(low, (0, 2, 1)), A, CMM)
+    else:
+        t_a = tl.sum(low[:, :, :, None] * B[:, None, :, :], 2)
+        t_b = tl.sum(low[:, :, :, None] * A[:, :, None, :], 1)
+    zeros = tl.zeros_like(t_a)
+    return unhalves(zeros, ahead * t_a), unhalves(behind * t_b, zeros)
+
+
+@triton.jit
+def channel_pulls(l32, l16, l8, l4, l2, l1, l0, a, b, a_rstd, b_rstd, g, gate_params, a_scale, start, length, H_qk,
+                  i_hk, HV, i_h, K, col0, BT: tl.constexpr, BKS: tl.constexpr, HAS_NORM: tl.constexpr,
                   GATE: tl.constexpr, ACC: tl.constexpr, CMM: tl.constexpr):
     """The two gradients of :func:`channel_products` for the gradient ``dS``
     ``[BT, BT]`` (zero above the diagonal) of its pairs, at key columns
     ``[col0, col0 + BKS)``: ``sum_j dS_ij b_j exp(G_i - G_j)`` (a's side) and
     ``sum_i dS_ij s_i a_i exp(G_i - G_j)`` (b's side; ``a_scale`` ``[BT]``:
-    s), each ``[BT, BKS]`` (``kernels.torch._channel.channel_pulls``).
-    ``dS_D`` and ``dSs_D`` are the ``[BT / SUB, SUB, SUB]`` diagonal blocks
-    (:func:`diagonal_blocks`) of dS and of ``diag(s) dS``, which a caller
-    walking key slices forms once. The
-    pairs across sub-chunks go through the anchors as the products do, one
-    ``[BT, BT] x [BT, BKS]`` product under ``CMM`` per anchor and side; the
-    pairs inside a sub-chunk are taken elementwise."""
-    NB: tl.constexpr = BT // SUB
-    tok, o_t, m_t = chunk_tokens(start, length, BT)
+    s), each ``[BT, BKS]`` (``kernels.torch._channel.channel_pulls``). dS
+    comes at its dyadic levels ``l32 .. l1`` and diagonal ``l0``
+    (:func:`pair_levels`, which a caller walking key slices forms once); each
+    level pulls through its anchors as the products take it, on tensor cores
+    under ``CMM`` at 32 and 16."""
+    tok, _, m_t = chunk_tokens(start, length, BT)
     tok_n, _, m_n = chunk_tokens(start + 1, length - 1, BT)  # each row's next row
-    m_n = m_n & ((o_t + 1) % SUB != 0)  # ... inside its sub-chunk
-    block = o_t // SUB
-    b_g = channel_gates(g, gate_params, tok, m_t, HV, i_h, K, col0, BKS, GATE, ACC)
-    b_gn = tl.reshape(channel_gates(g, gate_params, tok_n, m_n, HV, i_h, K, col0, BKS, GATE, ACC), [NB, SUB, BKS])
-    e_behind = tl.exp(tl.reshape(tl.cumsum(b_gn, 1, reverse=True), [BT, BKS]))  # row j to its anchor
-    b_a = load_qk_cols(a, a_rstd, tok, m_t, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC) * a_scale[:, None]
-    b_b = load_qk_cols(b, b_rstd, tok, m_t, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC)
-    d_a = tl.zeros([BT, BKS], dtype=ACC)
-    d_b = tl.zeros([BT, BKS], dtype=ACC)
-    for J in tl.static_range(NB - 1):
-        in_J, after_J = (block == J)[:, None], (block > J)[:, None]
-        e_ahead = tl.exp(tl.cumsum(tl.where(o_t[:, None] > J * SUB + SUB - 1, b_g, 0.0), 0))  # anchor to row i
-        dS_J = tl.where((block[None, :] == J) & after_J, dS, 0.0)
-        d_a += tl.where(after_J, e_ahead * dot(dS_J, tl.where(in_J, b_b * e_behind, 0.0), CMM), 0.0)
-        d_b += tl.where(in_J, dot(tl.trans(dS_J), tl.where(after_J, b_a * e_ahead, 0.0), CMM), 0.0)
-    d_b = d_b * e_behind
-    o_s, o_b = tl.arange(0, SUB), tl.arange(0, NB)
-    below = o_s[:, None] > o_s[None, :]
-    D_a = tl.zeros([NB, SUB, BKS], dtype=ACC)
-    D_b = tl.zeros([NB, SUB, BKS], dtype=ACC)
-    for I in range(NB):
-        tok_i, o_i, m_i = chunk_tokens(start + I * SUB, length - I * SUB, SUB)
-        b_gi = channel_gates(g, gate_params, tok_i, m_i, HV, i_h, K, col0, BKS, GATE, ACC)
-        # segment[x, y] = sum_{y < l <= x} g_l, as channel_products takes it
-        segment = tl.cumsum(tl.where(below[:, :, None], b_gi[:, None, :], 0.0), 0)
-        e = tl.where((o_s[:, None] >= o_s[None, :])[:, :, None], tl.exp(segment), 0.0)
-        at_I = (o_b == I)[:, None, None]
-        dS_I = tl.sum(tl.where(at_I, dS_D, 0.0), 0)
-        dSs_I = tl.sum(tl.where(at_I, dSs_D, 0.0), 0)
-        b_ai = load_qk_cols(a, a_rstd, tok_i, m_i, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC)
-        b_bi = load_qk_cols(b, b_rstd, tok_i, m_i, H_qk, i_hk, K, col0, BKS, HAS_NORM, ACC)
-        D_a = tl.where(at_I, tl.sum(dS_I[:, :, None] * e * b_bi[None, :, :], 1)[None, :, :], D_a)
-        D_b = tl.where(at_I, tl.sum(dSs_I[:, :, None] * e * b_ai[:, None, :], 0)[None, :, :], D_b)
-    return d_a + tl.reshape(D_a, [BT, BKS]), d_b + tl.reshape(D_b, [BT, BKS])
+    b_a, b_b, e, e_n = slice_rows(a, b, a_rstd, b_rstd, g, gate_params, a_scale, tok, m_t, tok_n, m_n, H_qk, i_hk,
+                                  HV, i_h, K, col0, BKS, HAS_NORM, GATE, ACC)
+    d_a, d_b = level_pulls(l32, b_a, b_b, e, e_n, 32, CMM)
+    x_a, x_b = level_pulls(l16, b_a, b_b, e, e_n, 16, CMM)
+    d_a, d_b = d_a + x_a, d_b + x_b
+    x_a, x_b = level_pulls(l8, b_a, b_b, e, e_n, 8, CMM)
+    d_a, d_b = d_a + x_a, d_b + x_b
+    x_a, x_b = level_pulls(l4, b_a, b_b, e, e_n, 4, CMM)
+    d_a, d_b = d_a + x_a, d_b + x_b
+    x_a, x_b = level_pulls(l2, b_a, b_b, e, e_n, 2, CMM)
+    d_a, d_b = d_a + x_a, d_b + x_b
+    x_a, x_b = level_pulls(l1, b_a, b_b, e, e_n, 1, CMM)
+    return d_a + x_a + l0[:, None] * b_b, d_b + x_b + l0[:, None] * b_a

@@ -186,7 +186,7 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
          dict(BT=BT, BKS=min(BKS_OUTPUT, BK), BV=min(BV_OUTPUT, head_block(V)), HAS_NORM=True, GATE=True,
               ACC=tl.float32, MM="bf16", CHANNEL=False, SUB=SUB_ROWS, CMM="tf32")),
         ("output_kernel[channel]", output_kernel,
-         dict(BT=BT, BKS=min(BKS_OUTPUT, BK), BV=min(BV_OUTPUT, head_block(V)), HAS_NORM=True, GATE=True,
+         dict(BT=BT, BKS=min(BKS_CHANNEL, BK), BV=min(BV_OUTPUT, head_block(V)), HAS_NORM=True, GATE=True,
               ACC=tl.float32, MM="bf16", CHANNEL=True, SUB=SUB_ROWS, CMM="tf32")),
         # a pair of value heads of one key head (the roofline's shape), and one head (HV = H_qk)
         ("bwd_local_dv_kernel", bwd_local_dv_kernel, dict(local_dv, SHARE=2)),

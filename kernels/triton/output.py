@@ -12,7 +12,7 @@ from ..chunk_index import ChunkIndex
 from ..precision import channel_mode, matmul_mode
 from ._common import (BT, acc_dtype, causal_segments, chunk_tokens, dot, head_block, launch, load_gates, load_qk_cols,
                       load_rows_cols, load_state_rows, lower_dot, mm_mode, operand, pointer, store_rows_cols)
-from .channel import channel_decayed_rows, channel_products, with_diagonal_blocks
+from .channel import BKS_CHANNEL, channel_decayed_rows, channel_products, with_diagonal_blocks
 from .scores import SUB_ROWS
 
 
@@ -103,7 +103,7 @@ def output(
     launch(output_kernel)[(index.n_chunks, HV)](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BKS=min(BKS_OUTPUT, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        BT=BT, BKS=min(BKS_CHANNEL if g.dim() == 3 else BKS_OUTPUT, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), CHANNEL=g.dim() == 3, SUB=SUB_ROWS, CMM=channel_mode(matmul_mode(k.dtype)),
         num_warps=NUM_WARPS,
     )
