@@ -170,12 +170,12 @@ def query_decays(C: int, K: int, norm: bool = True) -> Count:
     return exps(E, SCAN_SLOTS + 1 + (1 if norm else 0)) + gates(E)
 
 
-def our_kda_counts(C: int, K: int, V: int, BW: int, bks: dict[str, int], inverse_slots: float) -> dict[str, Count]:
+def our_kda_counts(C: int, K: int, V: int, BW: int, output_bv: int, inverse_slots: float) -> dict[str, Count]:
     """Each of our KDA programs' elementwise work a chunk and value head (a
     walk's: over its ``V / BW`` value-tile programs, each of which forms its
-    own decays). ``bks``: the key slice of each program that calls the
-    products or the pulls; ``inverse_slots``: the WY inverse's substitution
-    and 8-row merges (``our_launches.inverse_work``, in slots)."""
+    own decays). ``output_bv``: the output's value tile, each of which
+    decays q again; ``inverse_slots``: the WY inverse's substitution and
+    8-row merges (``our_launches.inverse_work``, in slots)."""
     E, NW = C * K, -(-V // BW)
     state = K * BW  # a walk program's state rows decay: one FMA an element
     return {
@@ -184,7 +184,7 @@ def our_kda_counts(C: int, K: int, V: int, BW: int, bks: dict[str, int], inverse
         "channel_scores_kernel": products(C, K),
         "walk_output_kernel[channel]": (query_decays(C, K) + key_decays(C, K) + ops(state + 2 * C * BW)) * NW,
         "tape_walk_kernel[channel]": (key_decays(C, K) + ops(state + C * BW)) * NW,
-        "output_kernel[channel]": products(C, K) + query_decays(C, K) * -(-V // bks["output_bv"])
+        "output_kernel[channel]": products(C, K) + query_decays(C, K) * -(-V // output_bv)
         + ops(C * V),
         "bwd_local_dv_kernel[channel]": products(C, K) + ops(C * V),
         "adjoint_walk_kernel[channel]": (key_decays(C, K) + query_decays(C, K, norm=False)

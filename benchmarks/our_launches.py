@@ -14,12 +14,9 @@ from gdn_kcp.cost_model import H200, Launch, Work, walk
 from gdn_kcp.kernels.torch.prep import INVERSE_BLOCK
 from gdn_kcp.kernels.triton._common import heads_per_program, walk_block
 from gdn_kcp.kernels.triton.adjoint_summary import adjoint_value_block
-from gdn_kcp.kernels.triton.bwd_dqkwg import BKS_DQKWG
 from gdn_kcp.kernels.triton.bwd_qk_norm import BT_NORM
-from gdn_kcp.kernels.triton.bwd_wy import BKS_WY
-from gdn_kcp.kernels.triton.channel import BKS_CHANNEL
 from gdn_kcp.kernels.triton.compose_segments import BV_COMPOSE
-from gdn_kcp.kernels.triton.output import BKS_OUTPUT, BV_OUTPUT
+from gdn_kcp.kernels.triton.output import BV_OUTPUT
 from gdn_kcp.kernels.triton.scores import SUB_ROWS
 from gdn_kcp.kernels.triton.wy_inverse import SUBSTITUTION_BLOCK
 
@@ -227,18 +224,11 @@ def our_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P: in
 
 # ---------------------------------------------------------------- ours, KDA
 
-KDA_SLICES = {"wy_inverse": BKS_CHANNEL, "scores": BKS_CHANNEL, "output": BKS_OUTPUT, "output_bv": BV_OUTPUT,
-              "local_dv": BKS_CHANNEL, "dqkwg": BKS_DQKWG, "wy": BKS_WY}
-"""The key slice of each program that forms the intra-chunk products or
-their pulls (its launcher's ``BKS``), and the output's value tile: the
-counts of ``kda_counts`` that depend on them."""
-
-
 def our_kda_counts(s: Shape) -> dict[str, kda_counts.Count]:
     """Our KDA programs' elementwise work a chunk and value head at shape ``s``
     (:func:`kda_counts.our_kda_counts`)."""
     solve, _ = inverse_work(s.C)
-    return kda_counts.our_kda_counts(s.C, s.K, s.V, walk_block(s.V), KDA_SLICES, solve.fp32 - kda_merge_flops(s.C) / 2)
+    return kda_counts.our_kda_counts(s.C, s.K, s.V, walk_block(s.V), BV_OUTPUT, solve.fp32 - kda_merge_flops(s.C) / 2)
 
 
 def kda_merge_flops(C: int) -> float:

@@ -15,7 +15,7 @@ from ..chunk_index import ChunkIndex
 from ..precision import channel_mode, matmul_mode
 from ._common import (BT, acc_dtype, chunk_qk, chunk_tokens, decayed_scores, dot, head_block, heads_per_program, launch,
                       load_rows_cols, mm_mode, pointer, register_cap, store_rows_cols)
-from .channel import BKS_CHANNEL, channel_products, with_diagonal_blocks
+from .channel import BKS_CHANNEL, channel_products, pair_matrix
 from .scores import SUB_ROWS
 
 
@@ -63,7 +63,7 @@ def bwd_local_dv_kernel(
     once, then each head's decayed scores against its value tiles; grid
     (NC, HV / SHARE). With ``CHANNEL`` (KDA; ``SHARE`` = 1) g holds a gate per
     key channel ``[T, HV, K]`` and the scores are the output's,
-    ``channel.channel_products`` in sub-chunks of ``SUB`` under ``CMM``."""
+    ``channel.channel_products`` (dyadic anchors) under ``CMM``."""
     i_c, i_p = tl.program_id(0), tl.program_id(1)
     i_hk = i_p * SHARE // (HV // H_qk)
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
@@ -73,9 +73,10 @@ def bwd_local_dv_kernel(
     for i_s in tl.static_range(SHARE):
         i_h = i_p * SHARE + i_s
         if CHANNEL:
-            b_s, b_D = channel_products(q, k, q_rstd, k_rstd, g, gate_params, tl.full([BT], 1.0, ACC), start, length,
-                                        H_qk, i_hk, HV, i_h, K, BT, SUB, BKS, HAS_NORM, GATE, False, ACC, CMM)
-            b_scores_t = tl.trans(with_diagonal_blocks(b_s, b_D))
+            p32, p16, b_D = channel_products(q, k, q_rstd, k_rstd, g, gate_params, tl.full([BT], 1.0, ACC), start,
+                                             length, H_qk, i_hk, HV, i_h, K, BT, SUB, BKS, HAS_NORM, GATE, False, ACC,
+                                             CMM)
+            b_scores_t = tl.trans(pair_matrix(p32, p16, b_D))
         else:
             b_scores_t = tl.trans(decayed_scores(b_qk, g, gate_params, tok, m_t, HV, i_h, GATE, ACC))
         for col in range(0, V, BV):

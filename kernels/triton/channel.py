@@ -92,8 +92,9 @@ def disassemble(x):
 def pair_levels(x, BT: tl.constexpr):
     """A lower ``[BT, BT]`` tile (BT = 64) at the dyadic levels: the pairs
     across the halves of width 32, 16, 8, 4, 2 and 1 (``[64 / 2H, H, H]``
-    each, rows of the second half, columns of the first) and the diagonal ``[BT]``; what lies above it is dropped. Formed
-    once for every key slice of :func:`channel_pulls`."""
+    each, rows of the second half, columns of the first) and the diagonal
+    ``[BT]``; what lies above it is dropped (:func:`pair_matrix` undone).
+    Formed once for every key slice of :func:`channel_pulls`."""
     d, l32 = disassemble(tl.reshape(x, [1, BT, BT]))
     d, l16 = disassemble(d)
     d, l8 = disassemble(d)
@@ -160,13 +161,16 @@ def channel_products(a, b, a_rstd, b_rstd, g, gate_params, b_scale, start, lengt
     rows of key head ``i_hk`` (normalised by ``a_rstd`` / ``b_rstd`` when
     ``HAS_NORM``), ``b_scale`` ``[BT]`` scales row i (before the products
     round their operands), the products run under rule ``MM``. Returns the
-    pairs across sub-chunks ``[BT, BT]`` (zero on and above the ``[SUB, SUB]``
-    diagonal blocks) and those inside them ``[BT / SUB, SUB, SUB]``, on
-    ``i >= j`` (``i > j`` when ``STRICT``), zero elsewhere: the dyadic levels
-    (module docstring) put together."""
+    pairs across the 16-row sub-chunks at the dyadic levels of half width 32
+    ``[1, 32, 32]`` and 16 ``[2, 16, 16]`` (:func:`across_sub_chunks` or
+    :func:`pair_matrix` put them together) and those inside them
+    ``[BT / SUB, SUB, SUB]``, on ``i >= j`` (``i > j`` when ``STRICT``), zero
+    elsewhere."""
     tl.static_assert(BT == 64 and SUB == 16, "the dyadic levels are written out for 64-row chunks")
     tok, o_t, m_t = chunk_tokens(start, length, BT)
     tok_n, o_n, m_n = chunk_tokens(start + 1, length - 1, BT)  # each row's next row
+    # the two product levels as a plain [32, 32] product and a batch of [16, 16] ones: through level_dot, as the
+    # pulls take them, the scores and the output spilled 280 and 344 B a thread under triton 3.6, against 204 and 244
     p32 = tl.zeros([BT // 2, BT // 2], dtype=ACC)
     p16 = tl.zeros([2, SUB, SUB], dtype=ACC)
     p8 = tl.zeros([4, 8, 8], dtype=ACC)
@@ -187,21 +191,24 @@ def channel_products(a, b, a_rstd, b_rstd, g, gate_params, b_scale, start, lengt
         p1 += level_pairs(b_a, b_b, e, e_n, 1)
         if not STRICT:
             p0 += tl.sum(b_a * b_b, 1)
-    b_s = assemble(assemble(tl.zeros([4, SUB, SUB], dtype=ACC), p16), tl.reshape(p32, [1, BT // 2, BT // 2]))
     b_D = assemble(assemble(assemble(assemble(tl.reshape(p0, [BT, 1, 1]), p1), p2), p4), p8)
-    return tl.reshape(b_s, [BT, BT]), b_D
+    return tl.reshape(p32, [1, BT // 2, BT // 2]), p16, b_D
 
 
 @triton.jit
-def diagonal_block_pointers(ptr, start, length, H, h, BT: tl.constexpr, SUB: tl.constexpr):
-    """Addresses and mask of the ``[BT / SUB, SUB, SUB]`` diagonal blocks of a
-    chunk's rows in ``[T, H, BT]`` (head ``h``): block I, row x, column y at
-    row ``I SUB + x``, column ``I SUB + y``."""
-    NB: tl.constexpr = BT // SUB
-    o_b, o_s = tl.arange(0, NB), tl.arange(0, SUB)
-    row = o_b[:, None, None] * SUB + o_s[None, :, None]
-    col = o_b[:, None, None] * SUB + o_s[None, None, :]
-    return ptr + ((start.to(tl.int64) + row) * H + h) * BT + col, row < length
+def across_sub_chunks(p32, p16):
+    """:func:`channel_products`' pairs across sub-chunks as a ``[BT, BT]``
+    tile, zero on and above its ``[16, 16]`` diagonal blocks."""
+    BT: tl.constexpr = 2 * p32.shape[1]
+    return tl.reshape(assemble(assemble(tl.zeros([4, p16.shape[1], p16.shape[2]], dtype=p16.dtype), p16), p32),
+                      [BT, BT])
+
+
+@triton.jit
+def pair_matrix(p32, p16, b_D):
+    """All of :func:`channel_products`' pairs as one ``[BT, BT]`` tile."""
+    BT: tl.constexpr = 2 * p32.shape[1]
+    return tl.reshape(assemble(assemble(b_D, p16), p32), [BT, BT])
 
 
 @triton.jit
@@ -279,19 +286,6 @@ def channel_decayed_rows(x, x_rstd, g, gate_params, tok, m_t, H_qk, hk, HV, h, K
     b_g = channel_gates(g, gate_params, tok, m_t, HV, h, K, col0, BH, GATE, ACC)
     b_x = load_qk_cols(x, x_rstd, tok, m_t, H_qk, hk, K, col0, BH, HAS_NORM, ACC)
     return operand(b_x * tl.exp(tl.cumsum(b_g, 0)), MM)
-
-
-@triton.jit
-def with_diagonal_blocks(b_s, b_D):
-    """The ``[BT, BT]`` matrix of :func:`channel_products`' two parts: the pairs
-    across sub-chunks ``b_s`` with the diagonal blocks ``b_D`` in place of its
-    zeros there."""
-    NB: tl.constexpr = b_D.shape[0]
-    SUB: tl.constexpr = b_D.shape[1]
-    o_b = tl.arange(0, NB)
-    same = o_b[:, None, None, None] == o_b[None, None, :, None]  # [block, row, block, column]
-    full = tl.where(same, tl.reshape(b_D, [NB, SUB, 1, SUB]), tl.reshape(b_s, [NB, SUB, NB, SUB]))
-    return tl.reshape(full, [b_s.shape[0], b_s.shape[1]])
 
 
 @triton.jit

@@ -12,7 +12,7 @@ from ..chunk_index import ChunkIndex
 from ..precision import channel_mode, matmul_mode
 from ._common import (BT, acc_dtype, causal_segments, chunk_tokens, dot, head_block, launch, load_gates, load_qk_cols,
                       load_rows_cols, load_state_rows, lower_dot, mm_mode, operand, pointer, store_rows_cols)
-from .channel import BKS_CHANNEL, channel_decayed_rows, channel_products, with_diagonal_blocks
+from .channel import BKS_CHANNEL, channel_decayed_rows, channel_products, pair_matrix
 from .scores import SUB_ROWS
 
 
@@ -44,7 +44,7 @@ def output_kernel(
     ``diag(gamma) Q S0`` over the same key slices (q reloaded per tile) plus
     the scores' product, so only one ``[BT, BV]`` accumulator is live. With
     ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]``: the
-    scores are ``channel.channel_products`` in sub-chunks of ``SUB`` under
+    scores are ``channel.channel_products`` (dyadic anchors) under
     ``CMM`` (as ``channel_scores_kernel`` stores them) and q decays per channel."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
@@ -53,9 +53,9 @@ def output_kernel(
         return
     tok, o_t, m_t = chunk_tokens(start, length, BT)
     if CHANNEL:
-        b_s, b_D = channel_products(q, k, q_rstd, k_rstd, g, gate_params, tl.full([BT], 1.0, ACC), start, length,
-                                    H_qk, i_hk, HV, i_h, K, BT, SUB, BKS, HAS_NORM, GATE, False, ACC, CMM)
-        scores = operand(with_diagonal_blocks(b_s, b_D), MM)
+        p32, p16, b_D = channel_products(q, k, q_rstd, k_rstd, g, gate_params, tl.full([BT], 1.0, ACC), start,
+                                         length, H_qk, i_hk, HV, i_h, K, BT, SUB, BKS, HAS_NORM, GATE, False, ACC, CMM)
+        scores = operand(pair_matrix(p32, p16, b_D), MM)
     else:
         b_g, G, _ = load_gates(g, gate_params, tok, m_t, HV, i_h, GATE, ACC)
         b_qk = tl.zeros([BT, BT], dtype=ACC)
@@ -103,7 +103,8 @@ def output(
     launch(output_kernel)[(index.n_chunks, HV)](
         q, k, g, pointer(gate_params, g), h, v_new, o_out, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, scale, index.n_chunks, H_qk, HV, K, V,
-        BT=BT, BKS=min(BKS_CHANNEL if g.dim() == 3 else BKS_OUTPUT, head_block(K)), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
+        BT=BT, BKS=min(BKS_CHANNEL if g.dim() == 3 else BKS_OUTPUT, head_block(K)), BV=BV,
+        HAS_NORM=q_rstd is not None, GATE=gate_params is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), CHANNEL=g.dim() == 3, SUB=SUB_ROWS, CMM=channel_mode(matmul_mode(k.dtype)),
         num_warps=NUM_WARPS,
     )

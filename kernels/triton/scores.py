@@ -5,16 +5,12 @@ signature as ``kernels.torch.scores``.
 
 KDA (a gate per key channel, g ``[T, HV, K]``): :func:`channel_scores_kernel`,
 one program per (chunk, value head), the decay inside the product
-(``S_ij = sum_d q_id k_jd exp(Γ_id - Γ_jd)``) taken with sub-chunk anchors
-as ``kernels/torch/_channel.py`` takes it (every exponent a sum of exactly
-the gates it spans, none positive): the pairs of rows after sub-chunk J with
-rows of J are one product of ``q_i exp(Γ_i - Γ_r)`` and ``k_j exp(Γ_r - Γ_j)``
-(``r`` the last row of J), the pairs inside a sub-chunk elementwise
-(``channel.channel_products``, which the WY inverse shares). Its sub-chunks
-have :data:`SUB_ROWS` rows (``tl.dot``'s least tile) where the torch twin's
-have 8, so the two agree to the rounding of the products' operands, not bitwise.
-Not yet reached from the host path (KDA on CUDA is refused until every
-program has a Triton form)."""
+(``S_ij = sum_d q_id k_jd exp(Γ_id - Γ_jd)``) taken by dyadic anchors
+(``channel.channel_products``, which the WY inverse, the output and the
+local dv share: every factor a running product of ``exp(g)`` over exactly the
+rows it spans, at most 1). The torch twin anchors at its 16-row sub-chunks'
+ends, so the two agree to the rounding of the products' operands, not
+bitwise."""
 
 from __future__ import annotations
 
@@ -24,9 +20,9 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ..precision import channel_mode, matmul_mode
-from ._common import (BT, acc_dtype, cast_to, chunk_qk, chunk_tokens, decayed_scores, head_block, launch, mm_mode,
+from ._common import (BT, acc_dtype, chunk_qk, chunk_tokens, decayed_scores, head_block, launch, mm_mode,
                       pointer, store_rows_cols)
-from .channel import BKS_CHANNEL, channel_products, diagonal_block_pointers
+from .channel import BKS_CHANNEL, channel_products, pair_matrix
 
 NUM_WARPS = 4
 """Warps per program. On sm_90 (bf16, K = V = 128, triton 3.6) with key slices
@@ -67,19 +63,14 @@ def channel_scores_kernel(
     ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """One chunk of one value head with a gate per key channel; grid (NC, HV).
-    The pairs across sub-chunks and inside them from :func:`channel_products`,
-    stored each over the other's zeros."""
+    The pairs of :func:`channel_products`, stored as one tile."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     tok, o_t, m_t = chunk_tokens(start, length, BT)
-    b_s, b_D = channel_products(q, k, q_rstd, k_rstd, g, gate_params, tl.full([BT], 1.0, ACC), start, length,
-                                H_qk, i_hk, HV, i_h, K, BT, SUB, BKS, HAS_NORM, GATE, False, ACC, MM)
-    block = o_t // SUB
-    p_s = scores + (tok[:, None] * HV + i_h) * BT + o_t[None, :]
-    tl.store(p_s, cast_to(b_s, scores), mask=m_t[:, None] & (block[:, None] != block[None, :]))
-    p_d, m_d = diagonal_block_pointers(scores, start, length, HV, i_h, BT, SUB)
-    tl.store(p_d, cast_to(b_D, scores), mask=m_d)
+    p32, p16, b_D = channel_products(q, k, q_rstd, k_rstd, g, gate_params, tl.full([BT], 1.0, ACC), start, length,
+                                     H_qk, i_hk, HV, i_h, K, BT, SUB, BKS, HAS_NORM, GATE, False, ACC, MM)
+    store_rows_cols(scores, pair_matrix(p32, p16, b_D), tok, m_t, HV, i_h, BT, 0, BT)
 
 
 def scores(

@@ -21,7 +21,7 @@ import triton.language as tl
 from ..torch.prep import INVERSE_BLOCK
 from ._common import (causal_segments, chunk_tokens, dot, load_beta, load_gates, load_qk_cols, operand, rows_reached,
                       store_rows_cols)
-from .channel import BKS_CHANNEL as BKS_CHANNEL_INVERSE, channel_products
+from .channel import BKS_CHANNEL as BKS_CHANNEL_INVERSE, across_sub_chunks, channel_products
 
 NUM_WARPS = 4
 """Warps per program (compile_specs --report)."""
@@ -225,8 +225,9 @@ def channel_wy_inverse_kernel(
     start, length = tl.load(chunk_table + i_c), tl.load(chunk_table + n_chunks + i_c)
     tok, o_t, m_t = chunk_tokens(start, length, BT)
     b_beta, _ = load_beta(beta, tok, m_t, HV, i_h, BETA_SIGMOID, BETA_SCALE, ACC)
-    b_L, b_D = channel_products(k, k, k_rstd, k_rstd, g, gate_params, b_beta, start, length, H_qk, i_hk, HV, i_h,
-                                K, BT, BC, BKS, HAS_NORM, GATE, True, ACC, CMM)
+    p32, p16, b_D = channel_products(k, k, k_rstd, k_rstd, g, gate_params, b_beta, start, length, H_qk, i_hk, HV,
+                                     i_h, K, BT, BC, BKS, HAS_NORM, GATE, True, ACC, CMM)
+    b_L = across_sub_chunks(p32, p16)
     finite_L, finite_D = (b_L - b_L) == 0.0, (b_D - b_D) == 0.0
     # the rows a non-finite entry reaches (rows_reached over both parts)
     bad = tl.max(tl.where(finite_L, 0, 1), 1) + tl.reshape(tl.max(tl.where(finite_D, 0, 1), 2), [BT])
