@@ -111,14 +111,17 @@ SUB = 16
 
 SASS_K = 128
 """The key width :data:`PRODUCTS_SASS` and :data:`PULLS_SASS` were compiled at."""
-PRODUCTS_SASS = {"ex2": 32_768, "mufu": 49_408, "fp32": 1_316_992}
+PRODUCTS_SASS = {"ex2": 34_816, "mufu": 35_072, "fp32": 769_152}
 """``channel.channel_products`` a chunk of 64 tokens and one value head at
 K = 128 (``python tools/sass_counts.py --json``, ``products``; triton 3.9,
 sm_90): MUFU.EX2, every MUFU, and the FP32-pipe instructions (FADD, FMUL,
 FFMA, FSEL, FSETP), each thread's, times the key-slice loop's 8 trips and
-128 threads. Two exponentials an element of the slice (``exp(g)`` of each
-row and of its next row), each computed twice over: at 16 key columns and 4
-warps the ``[64, 16]`` tile's layout holds every element in two threads."""
+128 threads, compiled at the headline's options (the gate arrives activated:
+``GATE`` off, as in the pulls' probe; with the gate in the kernel its two
+softplus an element made 1,317k and 49.4k). Two exponentials an element of
+the slice (``exp(g)`` of each row and of its next row), each computed twice
+over: at 16 key columns and 4 warps the ``[64, 16]`` tile's layout holds
+every element in two threads."""
 PULLS_SASS = {"ex2": 45_056, "mufu": 45_056, "fp32": 1_175_808}
 """``channel.pair_levels`` and ``channel.channel_pulls`` over every key slice
 (``tools/sass_counts.py``, ``pulls``: a probe kernel at the backward

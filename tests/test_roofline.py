@@ -249,7 +249,8 @@ def test_kda_launches_counted_by_hand():
 def test_kda_counts_by_hand():
     """kda_counts' per-chunk figures at C = 64, K = V = 128: one formation of
     our products takes MUFU.EX2 four times an element of q and k (two
-    exponentials, each held in two threads by the slice's layout: the
+    exponentials, each held in two threads by the slice's layout) and 2 more
+    a thread and key slice (the loop's SASS holds 34 MUFU.EX2 a thread: the
     compiled counts, which test_triton_compile checks) and reads two gates a
     row and channel; FLA's token-parallel kernel one per pair of the lower
     triangles (j <= i); its safe-gate sub-chunk kernel two per element of q
@@ -258,7 +259,7 @@ def test_kda_counts_by_hand():
 
     assert (kda_counts.EXP_SLOTS, kda_counts.EXP2_SLOTS, kda_counts.FLOP_PER_SLOT) == (12, 8, 2)
     ours = kda_counts.products(64, 128)
-    assert ours.exps == 4 * 64 * 128 and ours.gate_loads == 2 * 64 * 128
+    assert ours.exps == 4 * 64 * 128 + 2 * 128 * 8 and ours.gate_loads == 2 * 64 * 128
     assert kda_counts.products(64, 16).slots == ours.slots / 8  # every instruction in the key-slice loop
     with pytest.raises(ValueError, match="C=32"):
         kda_counts.pulls(32, 128)

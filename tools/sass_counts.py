@@ -6,7 +6,9 @@ class, from the SASS of the installed triton (no GPU needed).
     python tools/sass_counts.py --K 64 --json
 
 ``products``: ``channel_scores_kernel`` at its shipped configuration (the
-products and a store: ``kernels.triton.channel.channel_products``).
+products and a store: ``kernels.triton.channel.channel_products``) but for
+the gate, which arrives activated (``GATE`` off), as the model's headline
+and the pulls' probe have it.
 ``pulls``: a probe kernel that runs ``channel.pair_levels`` once and
 ``channel.channel_pulls`` over every key slice, at the backward programs'
 slice (``BKS_WY``) and warps (8). Each instruction counts once per thread,
@@ -84,6 +86,7 @@ def products(K: int) -> dict:
     from gdn_kcp.kernels.triton.channel import BKS_CHANNEL
 
     (name, kernel, constexprs), = compile_specs.selected(K, K, ["channel_scores_kernel"])
+    constexprs = dict(constexprs, GATE=False)  # the headline's gate: activated, no softplus in the kernel
     compiled = triton.compile(compile_specs.source(name, kernel, constexprs, K, K), target=GPUTarget("cuda", 90, 32),
                               options=compile_specs.launch_options(kernel, constexprs))
     return per_chunk(compiled, -(-K // min(BKS_CHANNEL, K)))
