@@ -175,23 +175,27 @@ def query_decays(C: int, K: int, norm: bool = True) -> Count:
 
 def our_kda_counts(C: int, K: int, V: int, BW: int, output_bv: int, inverse_slots: float) -> dict[str, Count]:
     """Each of our KDA programs' elementwise work a chunk and value head (a
-    walk's: over its ``V / BW`` value-tile programs, each of which forms its
-    own decays). ``output_bv``: the output's value tile, each of which
-    decays q again; ``inverse_slots``: the WY inverse's substitution and
-    8-row merges (``our_launches.inverse_work``, in slots)."""
+    walk's: over its ``V / BW`` value-tile programs, which read the decays
+    ``channel_decays_kernel`` formed once; the summaries' and the output's
+    programs still form their own). ``output_bv``: the output's value tile,
+    each of which decays q again; ``inverse_slots``: the WY inverse's
+    substitution and 8-row merges (``our_launches.inverse_work``, in
+    slots)."""
     E, NW = C * K, -(-V // BW)
     state = K * BW  # a walk program's state rows decay: one FMA an element
     return {
         "channel_wy_inverse_kernel": products(C, K) + ops(4 * C * C) + ops(inverse_slots),
         "prep_kernel[channel]": exps(E, SCAN_SLOTS + 3) + gates(E) + ops(C * V),
         "channel_scores_kernel": products(C, K),
-        "walk_output_kernel[channel]": (query_decays(C, K) + key_decays(C, K) + ops(state + 2 * C * BW)) * NW,
-        "tape_walk_kernel[channel]": (key_decays(C, K) + ops(state + C * BW)) * NW,
+        # K's and Q's decays once (q normalised in the forward, raw in the backward: one product less, not
+        # told apart here)
+        "channel_decays_kernel": key_decays(C, K) + query_decays(C, K),
+        "walk_output_kernel[channel]": ops(state + 2 * C * BW) * NW,
+        "tape_walk_kernel[channel]": ops(state + C * BW) * NW,
         "output_kernel[channel]": products(C, K) + query_decays(C, K) * -(-V // output_bv)
         + ops(C * V),
         "bwd_local_dv_kernel[channel]": products(C, K) + ops(C * V),
-        "adjoint_walk_kernel[channel]": (key_decays(C, K) + query_decays(C, K, norm=False)
-                                         + ops(state + 4 * C * BW)) * NW,
+        "adjoint_walk_kernel[channel]": ops(state + 4 * C * BW) * NW,
         # the pulls; the gates, the tail's reverse scan, dq's state term (scan, exponential, two products),
         # dk's end term, the norms, dg's terms and the last row's; dP's mask, scale and diagonal blocks
         "bwd_dqkwg_kernel[channel]": pulls(C, K) + gates(2 * E) + ops(E, SCAN_SLOTS)

@@ -70,21 +70,31 @@ after prep, before the scores; a backward that keeps its tapes runs phase 1
 alone (M only, for the adjoints' composition) before everything."""
 
 
-def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False) -> dict[str, tuple[str, ...]]:
+def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False,
+                 channel: bool = False) -> dict[str, tuple[str, ...]]:
     """The programs of one forward and one backward under ``save_mode`` at key
-    head ``K``, with intra-rank segments when ``segmented``."""
+    head ``K``, with intra-rank segments when ``segmented``, with a gate per
+    key channel (KDA) when ``channel``: then ``channel_decays`` runs before
+    the first walk of each direction (the forward's scores and walk, the
+    backward's tape walk, or its adjoint walk where no tape walk runs)."""
     fused = walks_with_output(OptionsKcp(save_mode=save_mode), K)
     fwd, bwd = FORWARD_PROGRAMS[fused], RECOMPUTED[save_mode] + BACKWARD_PROGRAMS
-    if not segmented:
-        return {"fwd": fwd, "bwd": bwd}
+    if segmented:
+        def with_phases(names: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(x for name in names for x in (*SEGMENT_PHASES.get(name, ()), name))
 
-    def with_phases(names: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(x for name in names for x in (*SEGMENT_PHASES.get(name, ()), name))
-
-    walk = next(name for name in fwd if name in SEGMENT_PHASES)  # the forward's phases run right after prep
-    fwd = (fwd[0], *SEGMENT_PHASES[walk], *fwd[1:])
-    bwd = with_phases(bwd) if RECOMPUTED[save_mode] else ("segment_summary", *with_phases(bwd))
+        walk = next(name for name in fwd if name in SEGMENT_PHASES)  # the forward's phases run right after prep
+        fwd = (fwd[0], *SEGMENT_PHASES[walk], *fwd[1:])
+        bwd = with_phases(bwd) if RECOMPUTED[save_mode] else ("segment_summary", *with_phases(bwd))
+    if channel:
+        fwd, bwd = before_first(fwd, ("scores", "tape_walk")), before_first(bwd, ("tape_walk", "adjoint_walk"))
     return {"fwd": fwd, "bwd": bwd}
+
+
+def before_first(names: tuple[str, ...], walks: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` with ``channel_decays`` before the first of ``walks``."""
+    at = min(names.index(name) for name in walks if name in names)
+    return (*names[:at], "channel_decays", *names[at:])
 
 
 def norm_launches(phase: str, s: Shape, e: Mapping[str, int]) -> list[Launch]:
@@ -287,11 +297,18 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
                     + C * K * e["w"] + C * V * e["v_new"]) + elementwise("prep_kernel[channel]")
         return [Launch(phase, "prep_kernel[channel]", NC * HV, work)]
 
+    decayed = C * K * e["k_decayed"] + K * e["chunk_decay"]  # a chunk of K's decayed rows and its decay
+
+    def channel_decays(phase: str) -> list[Launch]:  # once a chunk: K's and Q's decays, as the walks read them
+        kernel = "channel_decays_kernel"
+        work = Work(bytes=qk + g + decayed + C * K * e["q_decayed"]) + elementwise(kernel)
+        return [Launch(phase, kernel, NC * HV, work)]
+
     def tape_walk(phase: str) -> list[Launch]:
         kernel = "tape_walk_kernel[channel]"
         step = Work(bf16=2 * (2 * C * K * BW),
-                    bytes=C * K * n + C * e["k_rstd"] + g + C * K * e["w"] + 2 * C * BW * e["v_new"]
-                    + K * BW * e["h"]) + elementwise(kernel, NW)
+                    bytes=decayed + C * K * e["w"] + 2 * C * BW * e["v_new"] + K * BW * e["h"]) \
+            + elementwise(kernel, NW)
         return [walk(phase, kernel, F * HV * NW, steps, step)]
 
     def segment_summary(phase: str) -> list[Launch]:  # [S | M] of every segment (M alone where tapes are kept)
@@ -321,8 +338,8 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
     def walk_output(phase: str) -> list[Launch]:  # q and the state's rows decay per channel
         kernel = "walk_output_kernel[channel]"
         step = Work(bf16=3 * (2 * C * K * BW) + 2 * C * C * BW,
-                    bytes=qk + g + C * K * e["w"] + C * BW * e["v_new"] + C * C * e["scores"] + C * BW * n) \
-            + elementwise(kernel, NW)
+                    bytes=decayed + C * K * e["q_decayed"] + C * K * e["w"] + C * BW * e["v_new"]
+                    + C * C * e["scores"] + C * BW * n) + elementwise(kernel, NW)
         return [walk(phase, kernel, F * HV * NW, steps, step)]
 
     def output(phase: str) -> list[Launch]:
@@ -339,8 +356,8 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
     def adjoint_walk(phase: str) -> list[Launch]:
         kernel = "adjoint_walk_kernel[channel]"
         step = Work(bf16=4 * (2 * C * K * BW),
-                    bytes=qk + g + C * K * e["w"] + C * BW * n + 2 * C * BW * e["dv_new"] + K * BW * e["dh"]) \
-            + elementwise(kernel, NW)
+                    bytes=decayed + C * K * e["q_decayed"] + C * e["q_rstd"] + C * K * e["w"] + C * BW * n
+                    + 2 * C * BW * e["dv_new"] + K * BW * e["dh"]) + elementwise(kernel, NW)
         return [walk(phase, kernel, F * HV * NW, steps, step)]
 
     def bwd_dqkwg(phase: str) -> list[Launch]:  # dO Vn^T, the state terms, the score terms by channel_pulls
@@ -363,6 +380,7 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
         return [Launch(phase, kernel, NC * HV, Work(bytes=C * K * (e["dgcum"] + n)) + elementwise(kernel))]
 
     by_name = {"prep": lambda phase: [*norm_launches(phase, s, e), *wy_inverse(phase), *w_u(phase)], "w_u": w_u,
+               "channel_decays": channel_decays,
                "tape_walk": tape_walk, "output": output, "scores": scores, "walk_output": walk_output,
                "bwd_local_dv": bwd_local_dv, "adjoint_walk": adjoint_walk, "bwd_dqkwg": bwd_dqkwg, "bwd_wy": bwd_wy,
                "bwd_gate_cumsum": bwd_gate_cumsum,
@@ -370,7 +388,7 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
                "segment_summary": segment_summary, "adjoint_segment_summary": adjoint_segment_summary,
                "compose_segments": lambda phase: compose("compose_segments_kernel", phase),
                "compose_adjoints": lambda phase: compose("compose_adjoints_kernel", phase)}
-    phases = our_programs(save_mode, K, P > 1)
+    phases = our_programs(save_mode, K, P > 1, channel=True)
     return [launch for phase, names in phases.items() for name in names for launch in by_name[name](phase)]
 
 

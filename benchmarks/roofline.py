@@ -497,6 +497,7 @@ KDA_PROGRAM_PAIRS = (
       "chunk_kda_fwd_kernel_inter_solve_fused", "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]")),
     ("W, U", ("prep_kernel[channel]",), ("recompute_w_u_fwd_kda_kernel", "recompute_w_u_fwd_kda_kernel[qg]")),
     ("scores (Aqk)", ("channel_scores_kernel",), ()),
+    ("walks' decays (FLA's kg, qg: in W, U)", ("channel_decays_kernel",), ()),
     ("state walk (+ output)", ("walk_output_kernel[channel]", "tape_walk_kernel[channel]"),
      ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64[gk]",)),
     ("output", ("output_kernel[channel]",), ("chunk_gla_fwd_kernel_o",)),

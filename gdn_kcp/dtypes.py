@@ -32,7 +32,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return accumulator_dtype(check_input_dtype(dtype))
 
 
-INPUT_DTYPE_BUFFERS = ("A", "w", "v_new", "h", "scores", "dh", "dv_new", "dq_heads", "dk_heads", "dw")
+INPUT_DTYPE_BUFFERS = ("A", "w", "v_new", "h", "scores", "dh", "dv_new", "dq_heads", "dk_heads", "dw", "k_decayed",
+                       "q_decayed")
 """Buffers stored in the input dtype (bf16 / fp16 inputs; fp32 and fp64 inputs
 keep them in the compute dtype, which is then the input dtype): the forward
 tapes A, w, v_new (u until the tape walk) and h, the scores of a forward that
@@ -50,8 +51,11 @@ with these buffers in fp32 -> in bf16): o 4.07e-3 -> 4.31e-3, final state
 2.06e-3 -> 2.33e-3, dq 3.95e-3 -> 4.49e-3, dk 4.26e-3 -> 5.19e-3, dv 3.96e-3 ->
 4.00e-3, dg 3.94e-3 -> 4.46e-3, dbeta 4.29e-3 -> 4.59e-3, d initial state
 0.80e-3 -> 0.80e-3: every output within FLA's classes (5e-3 for o and the
-final state, 8e-3 for dq / dk / dv). The gate cumsums and their gradient, q/k
-norms, states and boundary messages stay in the compute dtype."""
+final state, 8e-3 for dq / dk / dv). KDA's decayed q and k (``k_decayed``,
+``q_decayed``: operands only, stored as the products read them, so exactly
+what the walks formed before) join them. The gate cumsums and their gradient,
+q/k norms, the chunks' decays, states and boundary messages stay in the
+compute dtype."""
 
 
 CHANNEL_COMPUTE_BUFFERS = ("dq_heads", "dk_heads")

@@ -382,6 +382,24 @@ def _channel_forward(bounds, H_qk: int, HV: int, K: int, V: int, dtype: torch.dt
     return _ChannelForward(T, cdt, gen, q, k, g, params, norms, index, N, v, beta, tapes, state0, s_in)
 
 
+def formed_decays(backend, q: torch.Tensor | None, k: torch.Tensor, g: torch.Tensor, index: ChunkIndex, params,
+                  q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """KDA's walk decays as ``backend.channel_decays`` forms them (into
+    buffers that start as NaN, so an entry not written fails): the walks'
+    ``k_decayed``, ``q_decayed`` (None with q None) and ``chunk_decay``."""
+    T, HV, K = g.shape
+    cdt = accumulator_dtype(k.dtype)
+    out = {"k_decayed": torch.full((T, HV, K), float("nan"), dtype=buffer_dtype("k_decayed", k.dtype),
+                                   device=k.device),
+           "chunk_decay": torch.full((index.n_chunks, HV, K), float("nan"), dtype=cdt, device=k.device)}
+    if q is not None:
+        out["q_decayed"] = torch.full_like(out["k_decayed"], float("nan"))
+    backend.channel_decays(q, k, g, index, gate_params=params, q_rstd=q_rstd, k_rstd=k_rstd,
+                           k_decayed_out=out["k_decayed"], q_decayed_out=out.get("q_decayed"),
+                           chunk_decay_out=out["chunk_decay"])
+    return out
+
+
 def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int, K: int, V: int,
                           dtype: torch.dtype, seed: int, gate: bool, l2: bool, hard: bool = False,
                           device: str = "cpu") -> dict[str, float]:
@@ -395,8 +413,10 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     (``o_tapes``), and of the summary walk's ``S_loc`` and ``M`` (on one
     fragment over the whole range crossing in and out: a middle rank's) and
     of the segments' phase-1 summaries ``[S | M]`` (``segments``: a summary
-    row per fragment). ``h``, ``v_new``, ``o`` and the summaries start as
-    NaN, so an entry not written fails."""
+    row per fragment); and of the walks' decays formed once a chunk
+    (:func:`formed_decays`) and the two walks reading them (``*_decayed``).
+    ``h``, ``v_new``, ``o``, the summaries and the decays start as NaN, so an
+    entry not written fails."""
     f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
     T, q, k, g, params, norms, index, N, v, tapes = f.T, f.q, f.k, f.g, f.params, f.norms, f.index, f.N, f.v, f.tapes
     cdt, state0, s_in = f.cdt, f.state0, f.s_in
@@ -423,6 +443,16 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
                                 summary_out=segments)
         outs.append({"h": h, "v_new": v_new, "final": final, "o": o, "final_walk": final_walk,
                      "S_loc": summary[..., :V], "M": summary[..., V:], "o_tapes": o_tapes, "segments": segments})
+        decays = formed_decays(backend, q, k, g, index, params, norms[0], norms[1])
+        got = {name: torch.full_like(outs[-1][name], float("nan")) for name in ("h", "v_new", "o")}
+        got.update(final=torch.zeros_like(final), final_walk=torch.zeros_like(final))
+        backend.tape_walk(k, tapes[1], tapes[2], g, index, gate_params=params, k_rstd=norms[1], initial_state=state0,
+                          s_in=s_in, h_out=got["h"], v_new_out=got["v_new"], final_state_out=got["final"],
+                          k_decayed=decays["k_decayed"], chunk_decay=decays["chunk_decay"])
+        backend.walk_output(q, k, tapes[1], tapes[2], g, tapes[3], index, gate_params=params, scale=K ** -0.5,
+                            q_rstd=norms[0], k_rstd=norms[1], initial_state=state0, s_in=s_in, o_out=got["o"],
+                            final_state_out=got["final_walk"], **decays)
+        outs[-1].update(decays, **{f"{name}_decayed": x for name, x in got.items()})
     twin, ours = outs
     return relative_rms_errors(ours, twin)
 
@@ -439,10 +469,11 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
     fragment, of the segments' phase-1 ``nu`` (``segment_nu``, a summary row
     per fragment), of ``bwd_dqkwg``'s dq, dk, dw and per-channel dg (on the
     twin's dh and dv_new) and of ``bwd_wy``'s dk and dg (``dk_wy``, ``dg_wy``,
-    added to zero accumulators), dv and dbeta (on the twin's dw). The walks
-    start from the twin's ``dv_local``; every tensor but ``d_initial`` (whose
-    crossing-in row no walk writes) and bwd_wy's accumulators starts as NaN,
-    so an entry not written fails."""
+    added to zero accumulators), dv and dbeta (on the twin's dw); and of the
+    adjoint walk reading the decays formed once a chunk from raw q
+    (``*_decayed``). The walks start from the twin's ``dv_local``; every
+    tensor but ``d_initial`` (whose crossing-in row no walk writes) and
+    bwd_wy's accumulators starts as NaN, so an entry not written fails."""
     f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
     q, k, g, params, index, N, tapes = f.q, f.k, f.g, f.params, f.index, f.N, f.tapes
     norms = dict(q_rstd=f.norms[0], k_rstd=f.norms[1])
@@ -476,6 +507,13 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
         backend.adjoint_walk(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
                              d_final_state=d_final, lam_end=lam, dh_out=out["dh"], dv_out=out["dv_new"],
                              d_initial_state_out=out["d_initial"], **norms)
+        decays = formed_decays(backend, q, k, g, index, params, None, norms["k_rstd"])  # the adjoint's: raw q
+        out.update(dh_decayed=torch.full_like(out["dh"], float("nan")),
+                   dv_new_decayed=torch.full_like(dv_local, float("nan")), d_initial_decayed=torch.zeros_like(f.state0))
+        backend.adjoint_walk(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
+                             d_final_state=d_final, lam_end=lam, dh_out=out["dh_decayed"],
+                             dv_out=out["dv_new_decayed"], d_initial_state_out=out["d_initial_decayed"], **norms,
+                             **decays)
         out["segment_nu"] = torch.full((N, HV, K, V), float("nan"), dtype=f.cdt, device=device)
         backend.adjoint_segment_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
                                         nu_out=out["segment_nu"], **norms)

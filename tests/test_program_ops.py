@@ -39,21 +39,25 @@ class FirstCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def record_traced_step(segments: int, T: int = 130, save_mode: str = "light") -> dict[str, tuple]:
+def record_traced_step(segments: int, T: int = 130, save_mode: str = "light", channel: bool = False
+                       ) -> dict[str, tuple]:
     """One eager traced forward + backward (fp64, initial and final states,
-    ``segments`` per long fragment, the in-kernel norm, ``save_mode``) of this
-    rank's tokens, recording each program op's first arguments."""
+    ``segments`` per long fragment, the in-kernel norm, ``save_mode``; KDA's,
+    a gate per key channel, with ``channel``) of this rank's tokens,
+    recording each program op's first arguments."""
     H_qk, HV, K, V = 1, 2, 16, 16
     ctx = build_kcp_context([0, 20, T])
     lo, hi = ctx.rank_ranges[ctx.rank]
     q, k, v, g, beta = make_inputs(hi - lo, H_qk, HV, K, V, seed=ctx.rank, l2=True)
+    if channel:
+        g = g[..., None] * torch.linspace(0.5, 1.5, K, dtype=g.dtype)
     h0 = torch.randn(len(ctx.start_docs), HV, K, V, dtype=torch.float64) if ctx.start_docs else None
     leaves = [x.requires_grad_() for x in (q, k, v, g, beta, *([h0] if h0 is not None else []))]
     recorder = FirstCalls()
     with gdn_kcp.trace_host_path(), recorder:
         options = OptionsKcp(segments=segments, use_qk_l2norm=True, save_mode=save_mode)
-        o, final_state = run_gdn_kcp(*leaves[:5], ctx, options=options,
-                                     initial_state=h0, output_final_state=True)
+        o, final_state = (gdn_kcp.kda_kcp if channel else run_gdn_kcp)(*leaves[:5], ctx, options=options,
+                                                                       initial_state=h0, output_final_state=True)
         (o.square().sum() + final_state.square().sum()).backward()
     return recorder.calls
 
@@ -69,7 +73,8 @@ def check_opcheck(calls: dict[str, tuple], names) -> None:
 def one_rank_calls():
     inverse = record_traced_step(segments=2, save_mode="inverse")  # its backward runs w_u where light reruns prep
     full = record_traced_step(segments=2, save_mode="full")  # a forward that keeps its tapes: the output program
-    return {**full, **inverse}
+    kda = record_traced_step(segments=2, channel=True)  # a gate per key channel: the walks' decays
+    return {**kda, **full, **inverse}
 
 
 def test_every_program_is_an_op_with_its_signature():

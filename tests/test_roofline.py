@@ -38,7 +38,8 @@ from gdn_kcp.kernels.triton.compile_specs import SHARED_MEMORY_LIMIT  # noqa: E4
 ETA_M, ETA_C, LATENCY = H200.memory_efficiency, H200.compute_efficiency, H200.step_latency
 TENSOR = {"products": "wgmma", "registers": 128, "num_warps": 4, "shared": 0, "spill_stores": 0}  # 4 resident per SM
 POOLS = {"A": 2, "w": 2, "v_new": 2, "h": 2, "scores": 2, "q_rstd": 4, "k_rstd": 4, "dv_new": 2, "dh": 2, "dq_heads": 2,
-         "dk_heads": 2, "dw": 2, "dgcum": 4}  # bytes per element of each pool at bf16 (gdn_kcp.dtypes.buffer_dtype)
+         "dk_heads": 2, "dw": 2, "dgcum": 4, "k_decayed": 2, "q_decayed": 2, "chunk_decay": 4}
+"""Bytes per element of each pool at bf16 (gdn_kcp.dtypes.buffer_dtype)."""
 TINY = roofline.Shape(T=128, H=1, HV=2, K=16, V=16, NC=2, fragments=1)  # one value tile of 16 per head
 
 
@@ -226,16 +227,20 @@ def test_kda_launches_counted_by_hand():
         tf32=2 * (32 * 32 + 2 * 16 * 16) * 16,  # [32, K] x [K, 32] and two [16, K] x [K, 16]
         fp32=2 * counts["channel_scores_kernel"].slots,
         bytes=4096 + 512 + 2048 + 8192)  # q k, their norms, g [64, 16] bf16, the scores
+    decays = launch_of(launches, "channel_decays_kernel")  # once a chunk and value head: q, k, g in, three out
+    assert decays.programs == 4 and decays.work == Work(fp32=2 * counts["channel_decays_kernel"].slots,
+                                                        bytes=4096 + 512 + 2048 + 2048 + 64 + 2048)
     walk = launch_of(launches, "walk_output_kernel[channel]")
     assert (walk.programs, walk.steps) == (2, 2) and walk.work == walk.step * 2
-    # GDN's step (W S, K^T Vn, Q S, P Vn), the decays of q and of the keys; g per channel
+    # GDN's step (W S, K^T Vn, Q S, P Vn) on the decayed k and q and the chunk's decay: no gate read
     assert walk.step == Work(bf16=3 * 32768 + 131072, fp32=2 * counts["walk_output_kernel[channel]"].slots,
-                             bytes=4096 + 512 + 2048 + 2048 + 2048 + 8192 + 2048)
+                             bytes=2048 + 64 + 2048 + 2048 + 2048 + 8192 + 2048)
     dqkwg = launch_of(launches, "bwd_dqkwg_kernel[channel]", "bwd")
     assert dqkwg.work.tf32 == 2 * scores.work.tf32  # the pulls: both sides of every anchor
     assert dqkwg.work.bf16 == 2 * 64 * 64 * 16 + 3 * (2 * 64 * 16 * 16)  # dO Vn^T, the state terms
     names = {x.kernel for x in launches}
     assert names == {"l2_rstd_kernel", "channel_wy_inverse_kernel", "prep_kernel[channel]", "channel_scores_kernel",
+                     "channel_decays_kernel",
                      "walk_output_kernel[channel]", "tape_walk_kernel[channel]", "bwd_local_dv_kernel[channel]",
                      "adjoint_walk_kernel[channel]", "bwd_dqkwg_kernel[channel]", "bwd_wy_kernel[channel]",
                      "bwd_gate_cumsum_channel_kernel", "bwd_qk_norm_kernel[channel]"}
@@ -289,32 +294,6 @@ def test_kda_estimates_at_the_plans_segments():
     assert "chunk_kda_fwd_kernel_intra_sub_chunk" in safe and "chunk_kda_fwd_kernel_intra_token_parallel" not in safe
 
 
-def test_kda_program_sequence_is_the_host_paths(monkeypatch):
-    """KDA runs GDN's programs (``our_programs``) under each save mode: the
-    torch programs ``kda_kcp`` calls, forward then backward."""
-    from gdn_kcp.kernels import torch as programs
-
-    from gdn_kcp import OptionsKcp, build_kcp_context, kda_kcp
-
-    calls = []
-    for name in programs.__all__:
-        program = getattr(programs, name)
-        monkeypatch.setattr(programs, name, lambda *a, _n=name, _p=program, **k: calls.append(_n) or _p(*a, **k))
-    gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(1, 130, 1, 16, generator=gen).requires_grad_() for _ in range(2))
-    v = torch.randn(1, 130, 2, 16, generator=gen).requires_grad_()
-    g = torch.nn.functional.logsigmoid(torch.randn(1, 130, 2, 16, generator=gen)).requires_grad_()
-    beta = torch.rand(1, 130, 2, generator=gen).requires_grad_()
-    for save_mode in ("light", "inverse", "full"):
-        calls.clear()
-        o, _ = kda_kcp(q, k, v, g, beta, build_kcp_context([0, 130]),
-                       options=OptionsKcp(save_mode=save_mode, use_qk_l2norm=True))
-        forward = len(calls)
-        o.sum().backward()
-        expected = our_launches.our_programs(save_mode, 16)
-        assert calls[:forward] == list(expected["fwd"]) and calls[forward:] == list(expected["bwd"]), save_mode
-
-
 def test_fla_kda_launches_counted_by_hand():
     """FLA 0.5.1's chunk_kda: 17 kernel launches (the walks, the W / U kernel,
     the norms twice) and 8 torch ops; its W / U and state walks do our
@@ -362,20 +341,22 @@ def test_docs_state_the_kda_estimates():
     assert f"at {ours / fla:.2f}x FLA's `chunk_kda` and {ours / safe:.2f}x its `safe_gate` path" in README.read_text()
 
 
+@pytest.mark.parametrize("channel", [False, True], ids=["gdn", "kda"])
 @pytest.mark.parametrize("save_mode, K, segments", [
     ("light", 16, None), ("inverse", 16, None), ("full", 16, None), ("light", 256, None),
     ("light", 16, 4), ("inverse", 16, 4), ("full", 16, 4), ("light", 256, 4),
 ])
-def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K, segments):
+def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K, segments, channel):
     """our_launches.our_programs against the torch programs one forward+backward
     calls (one rank, one document, the L2 norm) under each save mode, and at
     K = 256, where the forward keeps the tape walk and the output, without
     and with intra-rank segments (P = 4 over 21 chunks: each walk's phases 1
     and 2 before it); prep writes A wherever it runs (its W, U launch reads
-    it back)."""
+    it back). KDA's (a gate per key channel) also forms the walks' decays
+    before the first walk of each direction."""
     from gdn_kcp.kernels import torch as programs
 
-    from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp
+    from gdn_kcp import OptionsKcp, build_kcp_context, gdn_kcp, kda_kcp
     from gdn_kcp.plan import plan_segments
 
     calls = []
@@ -391,15 +372,17 @@ def test_program_sequence_is_the_host_paths(monkeypatch, save_mode, K, segments)
     T, gen = (130 if segments is None else 1300), torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, T, 1, K, generator=gen).requires_grad_() for _ in range(2))
     v = torch.randn(1, T, 2, 16, generator=gen).requires_grad_()
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, generator=gen)).requires_grad_()
+    gates = (1, T, 2, K) if channel else (1, T, 2)
+    g = torch.nn.functional.logsigmoid(torch.randn(*gates, generator=gen)).requires_grad_()
     beta = torch.rand(1, T, 2, generator=gen).requires_grad_()
     options = OptionsKcp(save_mode=save_mode, use_qk_l2norm=True, segments=segments)
     ctx = build_kcp_context([0, T])
     assert segments is not None or plan_segments(ctx, 2, K, 16) == 1
-    o, _ = gdn_kcp(q, k, v, g, beta, ctx, options=options)
+    o, _ = (kda_kcp if channel else gdn_kcp)(q, k, v, g, beta, ctx, options=options)
     forward = len(calls)
     o.sum().backward()
-    expected = our_launches.our_programs(save_mode, K, segments is not None)
+    expected = our_launches.our_programs(save_mode, K, segments is not None, channel=channel)
+    assert ("channel_decays" in expected["fwd"]) == ("channel_decays" in expected["bwd"]) == channel
     assert ("walk_output" in expected["fwd"]) == (save_mode != "full" and K <= 128)
     assert [name for name, _ in calls[:forward]] == list(expected["fwd"])
     assert [name for name, _ in calls[forward:]] == list(expected["bwd"])

@@ -15,7 +15,8 @@ from gdn_kcp.exchange import backward_a2a, backward_ring
 from gdn_kcp.exchange.a2a import Done
 from gdn_kcp.options import overlaps_b2, save_plan
 
-from .forward import Buffers, Call, ForwardTapes, run_forward_exchange, run_prep, run_tape_walk
+from .forward import (Buffers, Call, ForwardTapes, release_channel_decays, run_channel_decays, run_forward_exchange,
+                      run_prep, run_tape_walk)
 from .segments import Segments, compose_ends, compose_starts, fold_nu, run_segment_nu, run_segment_summaries
 
 
@@ -119,14 +120,17 @@ def host_backward(
             compose_starts(call, seg, buffers, phase_call="bwd", initial_state=initial_state, s_in=s_in,
                            final_state_out=None)
 
+    decays: dict[str, torch.Tensor] = {}  # KDA's walk decays, for the tape walk and the adjoint walk
+
     def recompute_walk(fenced=Done.fenced) -> None:
         """The light backward's tape walk: h and v_new again (reading its
         index tables through ``fenced``: after an overlapped exchange's issue)."""
         arena.phase("bwd.phase.walk")
+        decays.update(run_channel_decays(q, k, g, call, tapes, buffers, with_q=True, q_norm=False))
         index = seg.tables.walk if seg is not None else call.index
         run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None,
                       seg=seg, index=replace(index, chunk_table=fenced(index.chunk_table),
-                                             frag_table=fenced(index.frag_table)))
+                                             frag_table=fenced(index.frag_table)), decays=decays)
         if replayed and s_in is not None:
             arena.release("s_in")
         if seg is not None and not call.tapes_ready:
@@ -155,6 +159,8 @@ def host_backward(
 
     arena.phase("bwd.phase.adjoint_walk")
     dh = arena.bind("dh")
+    if plan.keeps_tapes:  # no tape walk ran: the adjoint walk's decays here
+        decays.update(run_channel_decays(q, k, g, call, tapes, buffers, with_q=True, q_norm=False))
     d_initial_state = None
     if n_initial_states is not None:
         d_initial_state = torch.zeros(n_initial_states, HV, K, V, dtype=compute_dtype(q.dtype), device=q.device)
@@ -163,12 +169,13 @@ def host_backward(
         scale=call.scale, d_final_state=d_final_state,
         lam_end=lam[:, :HV] if lam is not None and ctx.n_out else None,
         dh_out=dh, dv_out=dv_new, d_initial_state_out=d_initial_state, carry_in=seg.end if seg else None,
-        **qk_norms, **call.gate,
+        **qk_norms, **call.gate, **decays,
     )
     if lam is not None:
         arena.release("lam")
     if seg is not None:
         arena.release("seg_end", "seg_index")
+    release_channel_decays(buffers, decays)
     buffers.drop("w")
 
     arena.phase("bwd.phase.dqkwg")

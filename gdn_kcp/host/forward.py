@@ -183,12 +183,38 @@ def run_prep(q, k, v, g, beta, call: Call, buffers: Buffers, *, with_A: bool) ->
     return tapes
 
 
+def run_channel_decays(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, with_q: bool,
+                       q_norm: bool) -> dict[str, torch.Tensor]:
+    """KDA (a gate per key channel): binds the walks' decays and forms them
+    once a chunk (``channel_decays``; q's with ``with_q``, normalised with
+    ``q_norm``, raw for the adjoint walk). Returns the walks' keywords (none
+    for a scalar gate); :func:`release_channel_decays` releases them."""
+    if call.options.gate != "channel":
+        return {}
+    arena = buffers.arena
+    decays = dict(k_decayed=arena.bind("k_decayed"), chunk_decay=arena.bind("chunk_decay"))
+    if with_q:
+        decays["q_decayed"] = arena.bind("q_decayed")
+    call.programs.channel_decays(
+        q if with_q else None, k, g, call.index, q_rstd=tapes.q_rstd if with_q and q_norm else None,
+        k_rstd=tapes.k_rstd, k_decayed_out=decays["k_decayed"], q_decayed_out=decays.get("q_decayed"),
+        chunk_decay_out=decays["chunk_decay"], **call.gate,
+    )
+    return decays
+
+
+def release_channel_decays(buffers: Buffers, decays: dict[str, torch.Tensor]) -> None:
+    """The pools :func:`run_channel_decays` bound, released."""
+    buffers.arena.release(*decays)
+
+
 def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out,
-                  seg: Segments | None, index: ChunkIndex | None = None):
+                  seg: Segments | None, index: ChunkIndex | None = None, decays: dict | None = None):
     """Program #2: binds h; rewrites the u in ``tapes.v_new`` as v_new. With
     segments it walks the segmented index from the carry plane (phase 3).
     ``index``: that index, when the caller passes it (fenced, see
-    :class:`gdn_kcp.exchange.a2a.InFlight`)."""
+    :class:`gdn_kcp.exchange.a2a.InFlight`); ``decays``: KDA's
+    (:func:`run_channel_decays`)."""
     tapes.h = buffers.take("h")
     if call.tapes_ready:
         return
@@ -197,6 +223,7 @@ def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, in
         k_rstd=tapes.k_rstd, initial_state=initial_state, s_in=walk_start(call, s_in),
         h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
         carry_in=seg.start if seg else None, **call.gate,
+        **{name: decays[name] for name in ("k_decayed", "chunk_decay") if decays and name in decays},
     )
 
 
@@ -223,7 +250,7 @@ def o_in_u_pool(q: torch.Tensor, tapes: ForwardTapes, buffers: Buffers) -> bool:
 
 
 def run_walk_output(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in,
-                    final_state_out, seg: Segments | None) -> torch.Tensor:
+                    final_state_out, seg: Segments | None, decays: dict) -> torch.Tensor:
     """The forward that keeps no tape: binds the scores, then walks the states
     and writes o in the same walk (no h, no v_new). Returns o."""
     scores = buffers.take("scores")
@@ -234,7 +261,7 @@ def run_walk_output(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, 
         q, k, tapes.w, tapes.v_new, g, scores, walk_index(call, seg),
         scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, initial_state=initial_state,
         s_in=walk_start(call, s_in), o_out=o, final_state_out=final_state_out,
-        carry_in=seg.start if seg else None, **call.gate,
+        carry_in=seg.start if seg else None, **call.gate, **decays,
     )
     return o
 
@@ -315,12 +342,14 @@ def host_forward(
     elif seg is not None:
         arena.release("seg_summary")
     arena.phase("fwd.phase.walk")
-    walk = dict(initial_state=initial_state, s_in=s_in, seg=seg)
+    decays = run_channel_decays(q, k, g, call, tapes, buffers, with_q=fused, q_norm=True) if walks else {}
+    walk = dict(initial_state=initial_state, s_in=s_in, seg=seg, decays=decays)
     o = None
     if fused:
         o = run_walk_output(q, k, g, call, tapes, buffers, final_state_out=final_state, **walk)
     if tape_walk:
         run_tape_walk(k, g, call, tapes, buffers, final_state_out=None if fused else final_state, **walk)
+    release_channel_decays(buffers, decays)
     if s_in is not None:
         buffers.drop("s_in")
     if seg is not None:

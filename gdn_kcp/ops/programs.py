@@ -41,7 +41,7 @@ from gdn_kcp.kernels import torch as torch_programs
 from gdn_kcp.kernels.tracing import tracing
 
 HOST_PROGRAMS = (
-    "prep", "w_u", "summary_walk", "tape_walk", "output", "scores", "walk_output",
+    "prep", "w_u", "summary_walk", "channel_decays", "tape_walk", "output", "scores", "walk_output",
     "segment_summary", "compose_segments",
     "bwd_local_dv", "adjoint_summary", "adjoint_walk", "bwd_dqkwg", "bwd_wy", "bwd_gate_cumsum", "bwd_qk_norm",
     "adjoint_segment_summary", "compose_adjoints",

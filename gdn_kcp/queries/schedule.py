@@ -100,6 +100,14 @@ def _backward_exchange(ev: Events, d: Dims, overlapped=None) -> None:
             ev.release("summary")
 
 
+def channel_decays(d: Dims, *, with_q: bool) -> tuple[str, ...]:
+    """KDA's walk decays (``host.forward.run_channel_decays``): K's and the
+    chunks' decays, and Q's ``with_q``; none for a scalar gate."""
+    if d.options.gate != "channel":
+        return ()
+    return ("k_decayed", "chunk_decay") + (("q_decayed",) if with_q else ())
+
+
 def forward_events(d: Dims) -> Events:
     ev = Events()
     o = d.options
@@ -113,7 +121,9 @@ def forward_events(d: Dims) -> Events:
     # the walk: the tape walk into h when the tapes are kept, else the scores and the walk with the output
     walked = ("scores",) if walks_with_output(o, d.K) else pooled(o, "h")
     ev.phase("fwd.phase.walk")
-    ev.bind(*walked)
+    decays = channel_decays(d, with_q=walks_with_output(o, d.K))
+    ev.bind(*decays, *walked)
+    ev.release(*decays)
     if d.ctx.exchanges and _s_in_is_pool(d, "fwd") and (d.a2a or d.n_in):
         ev.release("s_in")
     if d.segmented:
@@ -147,9 +157,11 @@ def backward_events(d: Dims) -> Events:
     plan = save_plan(o)
     overlap = d.ctx.exchanges and overlaps_b2(o)
 
+    decays = channel_decays(d, with_q=True)  # the tape walk's and the adjoint walk's
+
     def recompute_walk() -> None:
         ev.phase("bwd.phase.walk")
-        ev.bind("h")
+        ev.bind(*decays, "h")
         if d.ctx.exchanges and plan.replays_boundary and (d.a2a or d.n_in):
             ev.release("s_in")
         if d.segmented:
@@ -179,10 +191,13 @@ def backward_events(d: Dims) -> Events:
         ev.release("seg_nu", "seg_summary")
     ev.phase("bwd.phase.adjoint_walk")
     ev.bind("dh")
+    if plan.keeps_tapes:
+        ev.bind(*decays)
     if d.ctx.exchanges and (d.a2a or d.n_out):
         ev.release("lam")
     if d.segmented:
         ev.release("seg_end", "seg_index")
+    ev.release(*decays)
     ev.release(*pooled(o, "w"))
     ev.phase("bwd.phase.dqkwg")
     ev.bind("dq_heads", "dk_heads", "dw", "dgcum")

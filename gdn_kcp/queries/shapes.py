@@ -156,6 +156,10 @@ def pool_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
         # save_transfer under a replayed boundary: the owner's M slices, c1 to b1
         "kept_m": (d.n_mid, d.ctx.owner_heads(HV), K, K),
     }
+    if d.options.gate == "channel":  # KDA: the walks' decays, formed once a chunk (kernels channel_decays)
+        shapes["k_decayed"] = (T, HV, K)
+        shapes["q_decayed"] = (T, HV, K)
+        shapes["chunk_decay"] = (NC, HV, K)
     if d.segmented:  # intra-rank segments (kernels/segments.py): tables, phase-1 summaries, carry planes
         n_sum = d.n_sum
         shapes["seg_index"] = (table_elements(d.ctx.index.n_frag, n_sum),)

@@ -3,7 +3,9 @@
 Forward: :func:`prep` (#1), :func:`summary_walk`, :func:`tape_walk` (#2),
 :func:`output` (#5); in a forward that keeps no tape at K <= 128
 (``gdn_kcp.options.walks_with_output``), :func:`scores` and :func:`walk_output`
-(the tape walk and the output in one walk) instead of the last two.
+(the tape walk and the output in one walk) instead of the last two; with a
+gate per key channel (KDA), :func:`channel_decays` before the walks (their
+decays once a chunk, in both directions).
 Backward: :func:`w_u` (prep's second half, from the A that
 ``save_mode="inverse"`` saves), :func:`bwd_local_dv`, :func:`adjoint_summary`,
 :func:`adjoint_walk`, :func:`bwd_dqkwg`, :func:`bwd_wy`,
@@ -17,6 +19,7 @@ position inside a fragment.
 import torch
 
 from .bwd_dqkwg import bwd_dqkwg
+from .channel_decays import channel_decays
 from .compose_adjoints import compose_adjoints
 from .compose_segments import compose_segments
 from .bwd_gate_cumsum import bwd_gate_cumsum
@@ -45,6 +48,7 @@ __all__ = [
     "bwd_local_dv",
     "bwd_qk_norm",
     "bwd_wy",
+    "channel_decays",
     "compose_adjoints",
     "compose_segments",
     "conv_step",

@@ -31,10 +31,17 @@ class WalkOperands(NamedTuple):
 
 def walk_operands(
     k: torch.Tensor, k_rstd: torch.Tensor | None, w: torch.Tensor, g: torch.Tensor, rows: ChunkRows,
-    dtype: torch.dtype, gate_params: torch.Tensor | None = None,
+    dtype: torch.dtype, gate_params: torch.Tensor | None = None, k_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> WalkOperands:
-    """The walk's per-chunk operands; products under the rule of k's dtype."""
+    """The walk's per-chunk operands; products under the rule of k's dtype.
+    A gate per key channel may come with its decays already formed
+    (``k_decayed`` ``[T, HV, K]``, ``chunk_decay`` ``[NC, HV, K]``:
+    :func:`.channel_decays.channel_decays`), read in place of K's and g's."""
     HV = w.shape[1]
+    if k_decayed is not None:
+        return WalkOperands(to_chunks(w, rows, dtype), to_chunks(k_decayed, rows, dtype), None,
+                            chunk_decay.to(dtype), matmul_mode(k.dtype))
     gates = chunk_gates(g, rows, dtype, gate_params)
     kc = load_qk(k, k_rstd, rows, dtype, HV)
     gamma_last = torch.exp(gates.last)
@@ -79,20 +86,28 @@ def adjoint_step(
 
 def q_decayed_do(
     q: torch.Tensor, q_rstd: torch.Tensor | None, do: torch.Tensor, g: torch.Tensor, rows: ChunkRows,
-    dtype: torch.dtype, scale: float, gate_params: torch.Tensor | None = None,
+    dtype: torch.dtype, scale: float, gate_params: torch.Tensor | None = None, q_decayed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scale (diag(gamma) Q)^T dO`` per chunk, ``[NC, HV, K, V]``: the output's
     pull on the chunk's start state. The decay, the scale and q's reciprocal
     norm go on dO (no decayed copy of Q; the raw q is exact in its dtype), the
     product runs under :func:`gdn_kcp.kernels.precision.pull_mode`. A per-channel
-    decay (KDA) goes on Q instead, read as the tensor cores read an operand."""
+    decay (KDA) goes on Q instead, read as the tensor cores read an operand
+    (``q_decayed`` ``[T, HV, K]``: that operand already formed, from raw q,
+    :func:`.channel_decays.channel_decays`)."""
     HV = do.shape[1]
+    mode = matmul_mode(q.dtype)
+    if q_decayed is not None:
+        doc = to_chunks(do, rows, dtype)
+        factor = doc.new_full(doc.shape[:-1], scale)
+        if q_rstd is not None:
+            factor = factor * scalars_to_chunks(q_rstd, rows, dtype).repeat_interleave(HV // q.shape[1], dim=1)
+        return pull(to_chunks(q_decayed, rows, dtype).mT, factor[..., None] * doc, pull_mode(mode))
     gates = chunk_gates(g, rows, dtype, gate_params)
     factor = gates.cum.new_full(gates.cum.shape[:-1], scale) if gates.per_channel else scale * torch.exp(gates.cum)
     if q_rstd is not None:
         factor = factor * scalars_to_chunks(q_rstd, rows, dtype).repeat_interleave(HV // q.shape[1], dim=1)
     qc = load_qk(q, None, rows, dtype, HV)
-    mode = matmul_mode(q.dtype)
     if gates.per_channel:
         qc, = round_operands(mode, qc * torch.exp(gates.cum))
     return pull(qc.mT, factor[..., None] * to_chunks(do, rows, dtype), pull_mode(mode))

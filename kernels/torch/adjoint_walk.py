@@ -50,6 +50,9 @@ def adjoint_walk(
     dv_out: torch.Tensor,
     d_initial_state_out: torch.Tensor | None,
     carry_in: torch.Tensor | None = None,
+    k_decayed: torch.Tensor | None = None,
+    q_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """Walk the adjoints.
 
@@ -59,13 +62,15 @@ def adjoint_walk(
     or None. Writes dh_out ``[NC, HV, K, V]``, dv_out ``[T, HV, V]`` (the whole
     dVn) and ``d_initial_state_out`` ``[N_start, HV, K, V]`` (rows as the initial
     states). With segments, carry_in ``[n_sum, HV, K, V]`` holds the end
-    adjoints of the ``SEGMENT`` rows of ``index`` (see ``tape_walk``).
+    adjoints of the ``SEGMENT`` rows of ``index`` (see ``tape_walk``). KDA's
+    decays may come formed (``k_decayed``, ``q_decayed`` from raw q,
+    ``chunk_decay``: :func:`.channel_decays.channel_decays`).
     """
     cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], do.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
-    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params, k_decayed, chunk_decay)
+    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params, q_decayed)
     dvl = to_chunks(dv_local, rows, cdt)
     dv_new = torch.empty_like(dvl)
     dS = end_adjoints(index, dvl.new_empty((1, HV, K, V)), d_final_state, lam_end, carry_in)

@@ -85,6 +85,8 @@ def tape_walk(
     v_new_out: torch.Tensor,
     final_state_out: torch.Tensor | None,
     carry_in: torch.Tensor | None = None,
+    k_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """Walk the states.
 
@@ -94,12 +96,15 @@ def tape_walk(
     ``[T, HV, V]`` and ``final_state_out`` ``[N_end, HV, K, V]``, the final states
     of the documents that end in this range, in order. With segments
     (``index`` a phase-3 index of :mod:`gdn_kcp.kernels.segments`), carry_in
-    ``[n_sum, HV, K, V]`` holds the start states of its ``SEGMENT`` rows.
+    ``[n_sum, HV, K, V]`` holds the start states of its ``SEGMENT`` rows. A
+    gate per key channel may come with its decays formed once a chunk
+    (``k_decayed``, ``chunk_decay``: :func:`.channel_decays.channel_decays`),
+    read in place of k's and g's.
     """
     cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params, k_decayed, chunk_decay)
     uc = to_chunks(u, rows, cdt)
     v_new = torch.empty_like(uc)
     S = start_states(index, uc.new_empty((1, HV, K, V)), initial_state, s_in, carry_in)

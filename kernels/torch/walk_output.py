@@ -40,18 +40,26 @@ def walk_output(
     o_out: torch.Tensor,
     final_state_out: torch.Tensor | None,
     carry_in: torch.Tensor | None = None,
+    k_decayed: torch.Tensor | None = None,
+    q_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """q, k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]``,
     scores ``[T, HV, C]`` (:func:`scores`); initial_state, s_in, carry_in and
-    final_state_out as for :func:`tape_walk`. Writes o_out ``[T, HV, V]``."""
+    final_state_out as for :func:`tape_walk`; KDA's decays formed once a chunk
+    (``k_decayed``, ``q_decayed`` from normalised q, ``chunk_decay``:
+    :func:`.channel_decays.channel_decays`) or None. Writes o_out ``[T, HV, V]``."""
     cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     mode = matmul_mode(q.dtype)
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params, k_decayed, chunk_decay)
     uc = to_chunks(u, rows, cdt)
-    gates = chunk_gates(g, rows, cdt, gate_params)
-    q_decayed = gates.rows(torch.exp(gates.cum)) * load_qk(q, q_rstd, rows, cdt, HV)
+    if q_decayed is not None:
+        q_decayed = to_chunks(q_decayed, rows, cdt)
+    else:
+        gates = chunk_gates(g, rows, cdt, gate_params)
+        q_decayed = gates.rows(torch.exp(gates.cum)) * load_qk(q, q_rstd, rows, cdt, HV)
     pc = to_chunks(scores, rows, cdt)
     oc = torch.empty_like(uc)
     S = start_states(index, uc.new_empty((1, HV, K, V)), initial_state, s_in, carry_in)

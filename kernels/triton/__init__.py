@@ -11,7 +11,8 @@ Segments (P > 1, :mod:`gdn_kcp.kernels.segments`): :func:`segment_summary`,
 :func:`compose_adjoints` (backward); phase 3 is :func:`walk_output` (or
 :func:`tape_walk`) / :func:`adjoint_walk` on the segmented index with ``carry_in``.
 Forward: :func:`prep`, then :func:`scores` and :func:`walk_output` when the
-forward keeps no tape at K <= 128, else :func:`tape_walk` and :func:`output`. The compositions
+forward keeps no tape at K <= 128, else :func:`tape_walk` and :func:`output`; with a gate per key
+channel (KDA) :func:`channel_decays` first forms the walks' decays once a chunk. The compositions
 multiply exactly in the compute dtype (fp32 FMA, no tensor cores): states and M
 are never rounded.
 """
@@ -20,6 +21,7 @@ from .adjoint_segment_summary import adjoint_segment_summary
 from .adjoint_summary import adjoint_summary
 from .adjoint_walk import adjoint_walk
 from .bwd_dqkwg import bwd_dqkwg
+from .channel_decays import channel_decays
 from .bwd_gate_cumsum import bwd_gate_cumsum
 from .bwd_local_dv import bwd_local_dv
 from .bwd_qk_norm import bwd_qk_norm
@@ -45,6 +47,7 @@ __all__ = [
     "bwd_local_dv",
     "bwd_qk_norm",
     "bwd_wy",
+    "channel_decays",
     "compose_adjoints",
     "compose_segments",
     "conv_step",

@@ -63,9 +63,10 @@ def adjoint_summary_kernel(
         c = first + count - 1 - jj
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        _, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t,
-                                          length, scale, H_qk, i_hk, HV, i_h, K, V, col, BT, BH, BV, HAS_NORM, GATE,
-                                          CHANNEL, ACC, MM)
+        # no stored decays (DECAYED off: k, q, g stand in for their buffers)
+        _, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, k, q, g, c, dS1, dS2,
+                                          tok, m_t, length, scale, H_qk, i_hk, HV, i_h, K, V, col, BT, BH, BV, HAS_NORM,
+                                          GATE, CHANNEL, False, ACC, MM)
     store_state_halves(nu, dS1, dS2, 0, HV, i_h, K, V, col, BH, BV)
 
 

@@ -16,7 +16,7 @@ from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens,
                       load_operand_cols, load_qk_cols, load_rows_cols, load_scalars, load_tile, mm_mode, operand, pointer,
                       pull_dot, pull_operand,
                       store_rows_cols, store_state_halves, walk_block, walk_operands)
-from .channel import channel_decayed_rows, channel_key_half
+from .channel import channel_decayed_rows, channel_key_half, decayed_key_half
 
 
 NUM_WARPS = 8
@@ -70,56 +70,68 @@ def adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, 
 
 
 @triton.jit
-def channel_adjoint_half(q, q_rstd, w, g, gate_params, dos_hi, dos_lo, b_dvo, tok, m_t, H_qk, hk, HV, h, K,
-                         col0, BH: tl.constexpr, GATE: tl.constexpr, MM: tl.constexpr, ACC: tl.constexpr):
+def channel_adjoint_half(q, q_rstd, w, g, gate_params, q_decayed, dos_hi, dos_lo, b_dvo, tok, m_t, H_qk, hk, HV, h,
+                         K, col0, BH: tl.constexpr, GATE: tl.constexpr, DECAYED: tl.constexpr, MM: tl.constexpr,
+                         ACC: tl.constexpr):
     """Key rows ``[col0, col0 + BH)`` of the start adjoint with a gate per key
     channel: ``exp(G_C) dS + (Q exp(G))^T (c dO) - W^T dVn`` (``gamma`` per
     row). Q decays per channel, so the decay goes on Q's side, read as the
-    products read an operand (``kernels.torch._walk.q_decayed_do``); the
-    scale and q's norm stay on dO's side (``dos_hi``, ``dos_lo``)."""
-    b_qd = channel_decayed_rows(q, q_rstd, g, gate_params, tok, m_t, H_qk, hk, HV, h, K, col0, BH, False, GATE, MM,
-                                ACC)
+    products read an operand (``kernels.torch._walk.q_decayed_do``; with
+    ``DECAYED`` from ``channel_decays``' buffer); the scale and q's norm stay
+    on dO's side (``dos_hi``, ``dos_lo``)."""
+    if DECAYED:
+        b_qd = load_operand_cols(q_decayed, tok, m_t, HV, h, K, col0, BH, MM, ACC)
+    else:
+        b_qd = channel_decayed_rows(q, q_rstd, g, gate_params, tok, m_t, H_qk, hk, HV, h, K, col0, BH, False, GATE,
+                                    MM, ACC)
     b_w = load_operand_cols(w, tok, m_t, HV, h, K, col0, BH, MM, ACC)
     return pull_dot(tl.trans(b_qd), dos_hi, dos_lo, MM) - dot(tl.trans(b_w), b_dvo, MM)
 
 
 @triton.jit
-def channel_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, length, scale,
-                          H_qk, hk, HV, h, K, V, col, BH: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
-                          GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr):
+def channel_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, k_decayed, q_decayed, chunk_decay, c,
+                          dS1, dS2, tok, m_t, length, scale, H_qk, hk, HV, h, K, V, col, BH: tl.constexpr,
+                          BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr, DECAYED: tl.constexpr,
+                          ACC: tl.constexpr, MM: tl.constexpr):
     """:func:`adjoint_chunk` with a gate per key channel (KDA): ``dVn =
     dVn_local + (K exp(G_C - G)) dS`` and each row of dS decaying by its own
     channel, the mirror of ``channel.channel_advance_state``. Returns
-    ``(dVn, dS1_prev, dS2_prev)``."""
-    b_k1, gamma1 = channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, 0, BH,
-                                    HAS_NORM, GATE, MM, ACC)
-    b_k2, gamma2 = channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, BH, BH,
-                                    HAS_NORM, GATE, MM, ACC)
+    ``(dVn, dS1_prev, dS2_prev)``; with ``DECAYED`` the decays are
+    ``channel_decays``' (chunk ``c``)."""
+    if DECAYED:
+        b_k1, gamma1 = decayed_key_half(k_decayed, chunk_decay, c, tok, m_t, HV, h, K, 0, BH, MM, ACC)
+        b_k2, gamma2 = decayed_key_half(k_decayed, chunk_decay, c, tok, m_t, HV, h, K, BH, BH, MM, ACC)
+    else:
+        b_k1, gamma1 = channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, 0, BH,
+                                        HAS_NORM, GATE, MM, ACC)
+        b_k2, gamma2 = channel_key_half(k, k_rstd, g, gate_params, tok, m_t, length, H_qk, hk, HV, h, K, BH, BH,
+                                        HAS_NORM, GATE, MM, ACC)
     b_dvn = load_rows_cols(dv_local, tok, m_t, HV, h, V, col, BV, ACC) + dot(b_k1, dS1, MM) + dot(b_k2, dS2, MM)
     b_c = tl.full([tok.shape[0]], scale, ACC)
     if HAS_NORM:
         b_c = b_c * load_scalars(q_rstd, tok, m_t, H_qk, hk, ACC)
     dos_hi, dos_lo = pull_operand(b_c[:, None] * load_rows_cols(do, tok, m_t, HV, h, V, col, BV, ACC), MM)
     b_dvo = operand(b_dvn, MM)
-    dS1 = gamma1[:, None] * dS1 + channel_adjoint_half(q, q_rstd, w, g, gate_params, dos_hi, dos_lo, b_dvo, tok,
-                                                       m_t, H_qk, hk, HV, h, K, 0, BH, GATE, MM, ACC)
-    dS2 = gamma2[:, None] * dS2 + channel_adjoint_half(q, q_rstd, w, g, gate_params, dos_hi, dos_lo, b_dvo, tok,
-                                                       m_t, H_qk, hk, HV, h, K, BH, BH, GATE, MM, ACC)
+    dS1 = gamma1[:, None] * dS1 + channel_adjoint_half(q, q_rstd, w, g, gate_params, q_decayed, dos_hi, dos_lo, b_dvo,
+                                                       tok, m_t, H_qk, hk, HV, h, K, 0, BH, GATE, DECAYED, MM, ACC)
+    dS2 = gamma2[:, None] * dS2 + channel_adjoint_half(q, q_rstd, w, g, gate_params, q_decayed, dos_hi, dos_lo, b_dvo,
+                                                       tok, m_t, H_qk, hk, HV, h, K, BH, BH, GATE, DECAYED, MM, ACC)
     return b_dvn, dS1, dS2
 
 
 @triton.jit
-def gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, length, scale,
-                        H_qk, hk, HV, h, K, V, col, BT: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
-                        HAS_NORM: tl.constexpr, GATE: tl.constexpr, CHANNEL: tl.constexpr, ACC: tl.constexpr,
-                        MM: tl.constexpr):
+def gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, k_decayed, q_decayed, chunk_decay, c,
+                        dS1, dS2, tok, m_t, length, scale, H_qk, hk, HV, h, K, V, col, BT: tl.constexpr,
+                        BH: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, GATE: tl.constexpr,
+                        CHANNEL: tl.constexpr, DECAYED: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr):
     """One chunk of an adjoint walk for either gate: a scalar per row
     (:func:`adjoint_chunk` on ``walk_operands``' decays) or, with
     ``CHANNEL``, a gate per key channel (:func:`channel_adjoint_chunk`).
     Returns ``(dVn, dS1_prev, dS2_prev)``."""
     if CHANNEL:
-        return channel_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t,
-                                     length, scale, H_qk, hk, HV, h, K, V, col, BH, BV, HAS_NORM, GATE, ACC, MM)
+        return channel_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, k_decayed, q_decayed,
+                                     chunk_decay, c, dS1, dS2, tok, m_t, length, scale, H_qk, hk, HV, h, K, V, col, BH,
+                                     BV, HAS_NORM, GATE, DECAYED, ACC, MM)
     else:
         G, k_scale, gamma_last = walk_operands(g, gate_params, tok, length, HV, h, BT, GATE, ACC)
         return adjoint_chunk(q, k, w, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok, m_t, G, k_scale, gamma_last, scale,
@@ -129,11 +141,11 @@ def gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, d
 @triton.jit
 def adjoint_walk_kernel(
     q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, lam, carry_in, dh, dv,
-    d_initial, scale,
+    d_initial, k_decayed, q_decayed, chunk_decay, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_FINAL: tl.constexpr, HAS_LAM: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_CARRY: tl.constexpr,
-    GATE: tl.constexpr, CHANNEL: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    GATE: tl.constexpr, CHANNEL: tl.constexpr, DECAYED: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """One fragment, value head and value tile; grid (F, HV, V / BV). With
     ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]``."""
@@ -154,9 +166,9 @@ def adjoint_walk_kernel(
         store_state_halves(dh, dS1, dS2, c, HV, i_h, K, V, col, BH, BV)
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        b_dvn, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, dS1, dS2, tok,
-                                              m_t, length, scale, H_qk, i_hk, HV, i_h, K, V, col, BT, BH, BV, HAS_NORM,
-                                              GATE, CHANNEL, ACC, MM)
+        b_dvn, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, k_decayed,
+                                              q_decayed, chunk_decay, c, dS1, dS2, tok, m_t, length, scale, H_qk, i_hk,
+                                              HV, i_h, K, V, col, BT, BH, BV, HAS_NORM, GATE, CHANNEL, DECAYED, ACC, MM)
         store_rows_cols(dv, b_dvn, tok, m_t, HV, i_h, V, col, BV)
     if HAS_INITIAL:
         if (flags & 1) == 0:
@@ -182,6 +194,9 @@ def adjoint_walk(
     dv_out: torch.Tensor,
     d_initial_state_out: torch.Tensor | None,
     carry_in: torch.Tensor | None = None,
+    k_decayed: torch.Tensor | None = None,
+    q_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """See ``kernels.torch.adjoint_walk`` (``dv_local`` and ``dv_out`` may be one tensor; with
     ``carry_in`` ``[n_sum, HV, K, V]``, ``index`` is a phase-3 index with its ``frag_carry`` row)."""
@@ -197,11 +212,12 @@ def adjoint_walk(
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
         index.chunk_table, index.frag_table,
         pointer(d_final_state, spare), pointer(lam_end, spare), carry_in if has_carry else spare,
-        dh_out, dv_out, pointer(d_initial_state_out, spare), scale,
+        dh_out, dv_out, pointer(d_initial_state_out, spare), pointer(k_decayed, g), pointer(q_decayed, g),
+        pointer(chunk_decay, g), scale,
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=d_final_state is not None,
         HAS_LAM=lam_end is not None, HAS_INITIAL=d_initial_state_out is not None, HAS_CARRY=has_carry,
-        GATE=gate_params is not None, CHANNEL=channel,
+        GATE=gate_params is not None, CHANNEL=channel, DECAYED=k_decayed is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
         num_stages=stages(dict(CHANNEL=channel, BK=head_block(K))),
     )

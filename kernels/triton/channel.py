@@ -34,8 +34,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import (channel_gates, chunk_tokens, chunk_values, dot, load_qk_cols, operand, state_chunk,
-                      store_rows_cols, walk_operands)
+from ._common import (channel_gates, chunk_tokens, chunk_values, dot, load_operand_cols, load_qk_cols, operand,
+                      state_chunk, store_rows_cols, walk_operands)
 
 BKS_CHANNEL = 16
 """Key columns per slice of :func:`channel_products`: at 32 its programs
@@ -254,6 +254,29 @@ def channel_advance_state(k, k_rstd, g, gate_params, X1, X2, b_vn, tok, m_t, len
                             HAS_NORM, GATE, MM, ACC)
     X2 = channel_state_half(k, k_rstd, g, gate_params, X2, b_vs, tok, m_t, length, H_qk, hk, HV, h, K, BH, BH,
                             HAS_NORM, GATE, MM, ACC)
+    return X1, X2
+
+
+@triton.jit
+def decayed_key_half(k_decayed, chunk_decay, c, tok, m_t, HV, h, K, col0, BH: tl.constexpr, MM: tl.constexpr,
+                     ACC: tl.constexpr):
+    """:func:`channel_key_half` read back from what ``channel_decays``
+    stored for chunk ``c``: ``K exp(G_C - G)`` as the products read it and
+    ``gamma_C`` ``[BH]`` (1 past K)."""
+    o_k = col0 + tl.arange(0, BH)
+    gamma = tl.load(chunk_decay + (c * HV + h).to(tl.int64) * K + o_k, mask=o_k < K, other=1.0).to(ACC)
+    return load_operand_cols(k_decayed, tok, m_t, HV, h, K, col0, BH, MM, ACC), gamma
+
+
+@triton.jit
+def decayed_advance_state(k_decayed, chunk_decay, c, X1, X2, b_vn, tok, m_t, HV, h, K, BH: tl.constexpr,
+                          MM: tl.constexpr, ACC: tl.constexpr):
+    """:func:`channel_advance_state` on the stored decays (:func:`decayed_key_half`)."""
+    b_vs = operand(b_vn, MM)
+    b_k, gamma = decayed_key_half(k_decayed, chunk_decay, c, tok, m_t, HV, h, K, 0, BH, MM, ACC)
+    X1 = gamma[:, None] * X1 + dot(tl.trans(b_k), b_vs, MM)
+    b_k, gamma = decayed_key_half(k_decayed, chunk_decay, c, tok, m_t, HV, h, K, BH, BH, MM, ACC)
+    X2 = gamma[:, None] * X2 + dot(tl.trans(b_k), b_vs, MM)
     return X1, X2
 
 

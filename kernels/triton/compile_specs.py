@@ -42,6 +42,7 @@ from .bwd_gate_cumsum import BK_CHANNEL as BK_GATE_CHANNEL, bwd_gate_cumsum_chan
 from .bwd_local_dv import BKS_LOCAL_DV, BV_LOCAL_DV, bwd_local_dv_kernel
 from .bwd_qk_norm import BT_NORM, bwd_qk_norm_kernel
 from .bwd_wy import BKS_WY, BV_WY, bwd_wy_kernel
+from .channel_decays import BKD, channel_decays_kernel
 from .compose_adjoints import compose_adjoints_kernel
 from .compose_segments import BKB_COMPOSE, BV_COMPOSE, compose_segments_kernel
 from .output import BKS_OUTPUT, BV_OUTPUT, output_kernel
@@ -70,14 +71,15 @@ INPUT_POINTERS = {
     "wy_inverse_kernel": {"k", "g", "beta", "A_out"},
     "channel_wy_inverse_kernel": {"k", "g", "beta", "A_out"},
     "prep_kernel": {"k", "v", "g", "beta", "A", "w", "u"},
-    "tape_walk_kernel": {"k", "g", "w", "u", "h_out", "v_new"},
+    "tape_walk_kernel": {"k", "g", "w", "u", "h_out", "v_new", "k_decayed"},
+    "channel_decays_kernel": {"q", "k", "g", "k_decayed", "q_decayed"},
     "summary_walk_kernel": {"k", "g", "w", "u"},
     "scores_kernel": {"q", "k", "g", "scores"},
     "channel_scores_kernel": {"q", "k", "g", "scores"},
-    "walk_output_kernel": {"q", "k", "g", "w", "u", "scores", "o"},
+    "walk_output_kernel": {"q", "k", "g", "w", "u", "scores", "o", "k_decayed", "q_decayed"},
     "output_kernel": {"q", "g", "k", "o", "h", "v_new"},
     "bwd_local_dv_kernel": {"q", "g", "k", "do", "dv"},
-    "adjoint_walk_kernel": {"q", "g", "k", "w", "do", "dv_local", "dh", "dv"},
+    "adjoint_walk_kernel": {"q", "g", "k", "w", "do", "dv_local", "dh", "dv", "k_decayed", "q_decayed"},
     "adjoint_summary_kernel": {"q", "g", "k", "w", "do", "dv_local"},
     "segment_summary_kernel": {"k", "g", "w", "u"},
     "adjoint_segment_summary_kernel": {"q", "g", "k", "w", "do", "dv_local"},
@@ -108,6 +110,7 @@ WRITES = {
     "channel_wy_inverse_kernel": {"A_out"},
     "prep_kernel": {"w", "u"},
     "tape_walk_kernel": {"h_out", "v_new", "final_state"},
+    "channel_decays_kernel": {"k_decayed", "q_decayed", "chunk_decay"},
     "summary_walk_kernel": {"out"},
     "scores_kernel": {"scores"},
     "channel_scores_kernel": {"scores"},
@@ -165,18 +168,26 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         ("prep_kernel[channel]", prep_kernel,
          dict(walk, BK=min(BK_WU, BK), BV=min(BV_WU, head_block(V)), CHANNEL=True, **beta)),
         ("tape_walk_kernel", tape_walk_kernel,
-         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=False)),
+         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=False,
+              DECAYED=False)),
+        # KDA's walks read the decays channel_decays_kernel formed once a chunk
+        ("channel_decays_kernel", channel_decays_kernel,
+         dict(BT=BT, BKD=min(BKD, BK), HAS_Q=True, HAS_Q_NORM=True, HAS_K_NORM=True, GATE=True, ACC=tl.float32,
+              MM="bf16")),
         ("tape_walk_kernel[channel]", tape_walk_kernel,
-         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=True)),
+         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=True,
+              DECAYED=True)),
         ("scores_kernel", scores_kernel,
          dict(BT=BT, BKS=min(BKS_SCORES, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="bf16")),
         # KDA (a gate per key channel): products on fp32 operands as tf32 (kernels.precision.channel_mode)
         ("channel_scores_kernel", channel_scores_kernel,
          dict(BT=BT, SUB=SUB_ROWS, BKS=min(BKS_CHANNEL, BK), HAS_NORM=True, GATE=True, ACC=tl.float32, MM="tf32")),
         ("walk_output_kernel", walk_output_kernel,
-         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=False)),
+         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=False,
+              DECAYED=False)),
         ("walk_output_kernel[channel]", walk_output_kernel,
-         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=True)),
+         dict(walk, BV=walk_block(V), HAS_INITIAL=True, HAS_S_IN=True, HAS_FINAL=True, HAS_CARRY=True, CHANNEL=True,
+              DECAYED=True)),
         ("summary_walk_kernel", summary_walk_kernel, dict(walk, BV=walk_block(V), IS_M=False, CHANNEL=False)),
         ("summary_walk_kernel[M]", summary_walk_kernel, dict(walk, BV=walk_block(K), IS_M=True, CHANNEL=False)),
         ("summary_walk_kernel[channel]", summary_walk_kernel, dict(walk, BV=walk_block(V), IS_M=False, CHANNEL=True)),
@@ -194,8 +205,8 @@ def kernels(K: int, V: int) -> list[tuple[str, object, dict]]:
         # KDA: one value head a program (its own gates), the scores as output_kernel[channel] forms them
         ("bwd_local_dv_kernel[channel]", bwd_local_dv_kernel,
          dict(local_dv, SHARE=1, BKS=min(BKS_CHANNEL, BK), CHANNEL=True)),
-        ("adjoint_walk_kernel", adjoint_walk_kernel, dict(adjoint, CHANNEL=False)),
-        ("adjoint_walk_kernel[channel]", adjoint_walk_kernel, dict(adjoint, CHANNEL=True)),
+        ("adjoint_walk_kernel", adjoint_walk_kernel, dict(adjoint, CHANNEL=False, DECAYED=False)),
+        ("adjoint_walk_kernel[channel]", adjoint_walk_kernel, dict(adjoint, CHANNEL=True, DECAYED=True)),
         ("adjoint_summary_kernel", adjoint_summary_kernel, dict(walk, CHANNEL=False)),
         ("adjoint_summary_kernel[channel]", adjoint_summary_kernel,
          dict(walk, BV=adjoint_value_block(K, V, True), CHANNEL=True)),

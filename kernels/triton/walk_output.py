@@ -22,9 +22,9 @@ import triton.language as tl
 
 from ..chunk_index import ChunkIndex
 from ._common import (BT, WALK_STAGES, acc_dtype, advance_state, boundary_halves, chunk_tokens, chunk_values, dot,
-                      frag_info, head_block, launch, load_qk_cols, load_tile, lower_dot, mm_mode, operand, pointer,
-                      store_rows_cols, store_state_halves, walk_block, walk_operands)
-from .channel import channel_advance_state, channel_decayed_rows
+                      frag_info, head_block, launch, load_operand_cols, load_qk_cols, load_tile, lower_dot, mm_mode,
+                      operand, pointer, store_rows_cols, store_state_halves, walk_block, walk_operands)
+from .channel import channel_advance_state, channel_decayed_rows, decayed_advance_state
 
 NUM_WARPS = 8
 """Warps per program, as the tape walk (``_common.walk_block``)."""
@@ -43,16 +43,17 @@ def stages(constexprs) -> int:
 @triton.jit
 def walk_output_kernel(
     q, k, w, u, g, gate_params, q_rstd, k_rstd, scores, chunk_table, frag_table, initial_state, s_in, carry_in,
-    o, final_state, scale,
+    o, final_state, k_decayed, q_decayed, chunk_decay, scale,
     n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_INITIAL: tl.constexpr, HAS_S_IN: tl.constexpr, HAS_FINAL: tl.constexpr, HAS_CARRY: tl.constexpr,
-    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr, CHANNEL: tl.constexpr,
+    GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr, CHANNEL: tl.constexpr, DECAYED: tl.constexpr,
 ):
     """One fragment of one value head, value columns ``[i_v BV, (i_v + 1) BV)``;
     grid (n_frag, HV, V / BV). With ``CHANNEL`` (KDA) g holds a gate per key
     channel ``[T, HV, K]``: q decays per channel (``channel.channel_decayed_rows``)
-    and so do the state's rows (``channel.channel_advance_state``)."""
+    and so do the state's rows (``channel.channel_advance_state``); with
+    ``DECAYED`` both are read from ``channel_decays``' buffers instead."""
     i_f, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -64,7 +65,10 @@ def walk_output_kernel(
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        if CHANNEL:
+        if CHANNEL and DECAYED:
+            b_q1 = load_operand_cols(q_decayed, tok, m_t, HV, i_h, K, 0, BH, MM, ACC)
+            b_q2 = load_operand_cols(q_decayed, tok, m_t, HV, i_h, K, BH, BH, MM, ACC)
+        elif CHANNEL:
             b_q1 = channel_decayed_rows(q, q_rstd, g, gate_params, tok, m_t, H_qk, i_hk, HV, i_h, K, 0, BH,
                                         HAS_NORM, GATE, MM, ACC)
             b_q2 = channel_decayed_rows(q, q_rstd, g, gate_params, tok, m_t, H_qk, i_hk, HV, i_h, K, BH, BH,
@@ -81,7 +85,9 @@ def walk_output_kernel(
         b_p = operand(load_tile(scores, tok, m_t, HV, i_h, BT, 0, BT).to(ACC), MM)
         b_o += lower_dot(b_p, b_vn, MM)
         store_rows_cols(o, scale * b_o, tok, m_t, HV, i_h, V, col, BV)
-        if CHANNEL:
+        if CHANNEL and DECAYED:
+            S1, S2 = decayed_advance_state(k_decayed, chunk_decay, c, S1, S2, b_vn, tok, m_t, HV, i_h, K, BH, MM, ACC)
+        elif CHANNEL:
             S1, S2 = channel_advance_state(k, k_rstd, g, gate_params, S1, S2, b_vn, tok, m_t, length, H_qk, i_hk,
                                            HV, i_h, K, BH, HAS_NORM, GATE, MM, ACC)
         else:
@@ -110,6 +116,9 @@ def walk_output(
     o_out: torch.Tensor,
     final_state_out: torch.Tensor | None,
     carry_in: torch.Tensor | None = None,
+    k_decayed: torch.Tensor | None = None,
+    q_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """See ``kernels.torch.walk_output``."""
     has_carry = carry_in is not None and carry_in.shape[0] > 0
@@ -121,10 +130,12 @@ def walk_output(
     launch(walk_output_kernel)[(index.n_frag, HV, triton.cdiv(V, BV))](
         q, k, w, u, g, pointer(gate_params, g), pointer(q_rstd, g), pointer(k_rstd, g), scores,
         index.chunk_table, index.frag_table, pointer(initial_state, o_out), pointer(s_in, o_out),
-        carry_in if has_carry else o_out, o_out, pointer(final_state_out, o_out), scale,
+        carry_in if has_carry else o_out, o_out, pointer(final_state_out, o_out), pointer(k_decayed, g),
+        pointer(q_decayed, g), pointer(chunk_decay, g), scale,
         index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_INITIAL=initial_state is not None,
         HAS_S_IN=s_in is not None, HAS_FINAL=final_state_out is not None, HAS_CARRY=has_carry,
-        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), CHANNEL=g.dim() == 3, num_warps=NUM_WARPS,
+        GATE=gate_params is not None, ACC=acc_dtype(k), MM=mm_mode(k), CHANNEL=g.dim() == 3,
+        DECAYED=k_decayed is not None, num_warps=NUM_WARPS,
         num_stages=stages(dict(CHANNEL=g.dim() == 3, BK=head_block(K))),
     )
