@@ -110,22 +110,32 @@ SUB = 16
 
 
 SASS_K = 128
-"""The key width :data:`PRODUCTS_SASS` and :data:`PULLS_SASS` were compiled at."""
-PRODUCTS_SASS = {"ex2": 34_816, "mufu": 35_072, "fp32": 769_152}
-"""``channel.channel_products`` a chunk of 64 tokens and one value head at
-K = 128 (``python tools/sass_counts.py --json``, ``products``; triton 3.9,
-sm_90): MUFU.EX2, every MUFU, and the FP32-pipe instructions (FADD, FMUL,
-FFMA, FSEL, FSETP), each thread's, times the key-slice loop's 8 trips and
-128 threads, compiled at the headline's options (the gate arrives activated:
-``GATE`` off, as in the pulls' probe; with the gate in the kernel its two
-softplus an element made 1,317k and 49.4k). Two exponentials an element of
-the slice (``exp(g)`` of each row and of its next row), each computed twice
-over: at 16 key columns and 4 warps the ``[64, 16]`` tile's layout holds
-every element in two threads."""
-PULLS_SASS = {"ex2": 45_056, "mufu": 45_056, "fp32": 1_175_808}
-"""``channel.pair_levels`` and ``channel.channel_pulls`` over every key slice
-(``tools/sass_counts.py``, ``pulls``: a probe kernel at the backward
-programs' 16 key columns and 8 warps), a chunk and value head at K = 128."""
+"""The key width :data:`SASS` was compiled at."""
+SASS = {
+    "3.6": {"products": {"ex2": 34_816, "mufu": 35_072, "fp32": 766_208},
+            "pulls": {"ex2": 45_056, "mufu": 45_056, "fp32": 1_360_128}},
+    "3.9": {"products": {"ex2": 34_816, "mufu": 35_072, "fp32": 769_152},
+            "pulls": {"ex2": 45_056, "mufu": 45_056, "fp32": 1_175_808}},
+}
+"""``channel.channel_products`` (``products``) and ``channel.pair_levels``
+with ``channel.channel_pulls`` over every key slice (``pulls``: a probe
+kernel at the backward programs' 16 key columns and 8 warps), a chunk of 64
+tokens and one value head at K = 128, sm_90 SASS, by triton (``python
+tools/sass_counts.py --json``; 3.6 with that triton first on the path):
+MUFU.EX2, every MUFU, and the FP32-pipe instructions (FADD, FMUL, FFMA,
+FSEL, FSETP), each thread's, times the key-slice loop's 8 trips and the
+threads, compiled at the headline's options (the gate arrives activated:
+``GATE`` off; with the gate in the kernel the products' two softplus an
+element made 1,317k and 49.4k under 3.9). Two exponentials an element of the
+slice (``exp(g)`` of each row and of its next row), each computed twice over
+in the products: at 16 key columns and 4 warps the ``[64, 16]`` tile's
+layout holds every element in two threads."""
+MODEL_TRITON = "3.6"
+"""The triton whose SASS the model prices: the GPU check's (as the compile
+facts of ``h200_facts.json``). Its pulls take 16 % more FP32-pipe
+instructions than 3.9's."""
+PRODUCTS_SASS = SASS[MODEL_TRITON]["products"]
+PULLS_SASS = SASS[MODEL_TRITON]["pulls"]
 
 
 def sass_count(facts: dict[str, int], C: int, K: int) -> Count:
