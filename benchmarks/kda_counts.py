@@ -186,8 +186,8 @@ def query_decays(C: int, K: int, norm: bool = True) -> Count:
 def our_kda_counts(C: int, K: int, V: int, BW: int, output_bv: int, inverse_slots: float) -> dict[str, Count]:
     """Each of our KDA programs' elementwise work a chunk and value head (a
     walk's: over its ``V / BW`` value-tile programs, which read the decays
-    ``channel_decays_kernel`` formed once; the summaries' and the output's
-    programs still form their own). ``output_bv``: the output's value tile,
+    ``channel_decays_kernel`` formed once, as the segments' summaries do; the
+    KCP summaries' and the output's programs still form their own). ``output_bv``: the output's value tile,
     each of which decays q again; ``inverse_slots``: the WY inverse's
     substitution and 8-row merges (``our_launches.inverse_work``, in
     slots)."""
@@ -215,9 +215,13 @@ def our_kda_counts(C: int, K: int, V: int, BW: int, output_bv: int, inverse_slot
         "bwd_wy_kernel[channel]": pulls(C, K) + exps(2 * E, SCAN_SLOTS) + gates(2 * E)
         + ops(E, 2 + 2 + 2 + 4 + 4 + 6) + ops(7 * C * C) + ops(3 * C * V),
         "bwd_gate_cumsum_channel_kernel": ops(E, SCAN_SLOTS),
-        "segment_summary_kernel[channel]": key_decays(C, K) + ops(K * BW + C * BW),  # a program, a chunk
-        "adjoint_segment_summary_kernel[channel]": key_decays(C, K) + query_decays(C, K, norm=False)
-        + ops(K * BW + 4 * C * BW),  # a program, a chunk
+        # a program, a chunk: on channel_decays' decays; where none were formed (the phase-1 summaries of a
+        # backward that recomputes nothing) each forms its own ([own decays])
+        "segment_summary_kernel[channel]": ops(K * BW + C * BW),
+        "adjoint_segment_summary_kernel[channel]": ops(K * BW + 4 * C * BW),
+        "segment_summary_kernel[channel, own decays]": key_decays(C, K) + ops(K * BW + C * BW),
+        "adjoint_segment_summary_kernel[channel, own decays]": key_decays(C, K) + query_decays(C, K, norm=False)
+        + ops(K * BW + 4 * C * BW),
     }
 
 

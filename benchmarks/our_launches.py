@@ -74,9 +74,10 @@ def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False
                  channel: bool = False) -> dict[str, tuple[str, ...]]:
     """The programs of one forward and one backward under ``save_mode`` at key
     head ``K``, with intra-rank segments when ``segmented``, with a gate per
-    key channel (KDA) when ``channel``: then ``channel_decays`` runs before
-    the first walk of each direction (the forward's scores and walk, the
-    backward's tape walk, or its adjoint walk where no tape walk runs)."""
+    key channel (KDA) when ``channel``: then ``channel_decays`` runs right
+    after prep (or W, U) in each direction, before the segments' summaries
+    and the walks, or, in a backward that recomputes nothing, right before
+    the adjoint walk (its segments' summaries form their own decays)."""
     fused = walks_with_output(OptionsKcp(save_mode=save_mode), K)
     fwd, bwd = FORWARD_PROGRAMS[fused], RECOMPUTED[save_mode] + BACKWARD_PROGRAMS
     if segmented:
@@ -86,15 +87,11 @@ def our_programs(save_mode: str = "light", K: int = 128, segmented: bool = False
         walk = next(name for name in fwd if name in SEGMENT_PHASES)  # the forward's phases run right after prep
         fwd = (fwd[0], *SEGMENT_PHASES[walk], *fwd[1:])
         bwd = with_phases(bwd) if RECOMPUTED[save_mode] else ("segment_summary", *with_phases(bwd))
-    if channel:
-        fwd, bwd = before_first(fwd, ("scores", "tape_walk")), before_first(bwd, ("tape_walk", "adjoint_walk"))
+    if channel:  # right after prep (or W, U), or before the adjoint walk where the backward recomputes nothing
+        fwd = (fwd[0], "channel_decays", *fwd[1:])
+        at = 1 if RECOMPUTED[save_mode] else bwd.index("adjoint_walk")
+        bwd = (*bwd[:at], "channel_decays", *bwd[at:])
     return {"fwd": fwd, "bwd": bwd}
-
-
-def before_first(names: tuple[str, ...], walks: tuple[str, ...]) -> tuple[str, ...]:
-    """``names`` with ``channel_decays`` before the first of ``walks``."""
-    at = min(names.index(name) for name in walks if name in names)
-    return (*names[:at], "channel_decays", *names[at:])
 
 
 def norm_launches(phase: str, s: Shape, e: Mapping[str, int]) -> list[Launch]:
@@ -281,8 +278,11 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
     g = C * K * n  # a chunk's gates, one per key channel
     anchored = dyadic_products(C, K)  # the pairs across sub-chunks, on tensor cores
 
-    def elementwise(kernel: str, share: int = 1) -> Work:  # a program's share of its kernel's work a chunk
-        return Work(fp32=count[kernel].flops / share)
+    def elementwise(kernel: str, share: int = 1, variant: str = "") -> Work:  # a program's share a chunk
+        return Work(fp32=count[kernel[:-1] + variant + "]" if variant else kernel].flops / share)
+
+    def own_decays(phase: str) -> str:  # the segments' summaries of a backward that recomputes nothing
+        return ", own decays" if phase == "bwd" and save_mode == "full" else ""
 
     def wy_inverse(phase: str) -> list[Launch]:
         solve, step = inverse_work(C)
@@ -315,8 +315,9 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
         kernel = "segment_summary_kernel[channel]"
         width = K if phase == "bwd" and save_mode == "full" else V + K
         SB = walk_block(V + K)
-        step = Work(bf16=2 * (2 * C * K * SB), bytes=C * K * n + C * e["k_rstd"] + g + C * K * e["w"]
-                    + C * SB * e["v_new"]) + elementwise(kernel)
+        reads = C * K * n + C * e["k_rstd"] + g if own_decays(phase) else decayed  # K and its decays
+        step = Work(bf16=2 * (2 * C * K * SB), bytes=reads + C * K * e["w"] + C * SB * e["v_new"]) \
+            + elementwise(kernel, variant=own_decays(phase))
         return [walk(phase, kernel, F * HV * -(-width // SB), steps, step)]
 
     def compose(kernel: str, phase: str) -> list[Launch]:  # P exact fp32 steps of [K, K] x [K, 16] per program
@@ -327,8 +328,9 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
     def adjoint_segment_summary(phase: str) -> list[Launch]:  # the adjoint walk's step, nothing stored
         kernel = "adjoint_segment_summary_kernel[channel]"
         BA = adjoint_value_block(K, V, channel=True)
-        step = Work(bf16=4 * (2 * C * K * BA), bytes=qk + g + C * K * e["w"] + C * BA * n + C * BA * e["dv_new"]) \
-            + elementwise(kernel)
+        reads = qk + g if own_decays(phase) else decayed + C * K * e["q_decayed"] + C * e["q_rstd"]
+        step = Work(bf16=4 * (2 * C * K * BA), bytes=reads + C * K * e["w"] + C * BA * n + C * BA * e["dv_new"]) \
+            + elementwise(kernel, variant=own_decays(phase))
         return [walk(phase, kernel, F * HV * -(-V // BA), steps, step)]
 
     def scores(phase: str) -> list[Launch]:  # one program per chunk and value head (its own gates)

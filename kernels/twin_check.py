@@ -414,7 +414,8 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     fragment over the whole range crossing in and out: a middle rank's) and
     of the segments' phase-1 summaries ``[S | M]`` (``segments``: a summary
     row per fragment); and of the walks' decays formed once a chunk
-    (:func:`formed_decays`) and the two walks reading them (``*_decayed``).
+    (:func:`formed_decays`) and the two walks and the segments' summaries
+    reading them (``*_decayed``).
     ``h``, ``v_new``, ``o``, the summaries and the decays start as NaN, so an
     entry not written fails."""
     f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
@@ -452,6 +453,10 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
         backend.walk_output(q, k, tapes[1], tapes[2], g, tapes[3], index, gate_params=params, scale=K ** -0.5,
                             q_rstd=norms[0], k_rstd=norms[1], initial_state=state0, s_in=s_in, o_out=got["o"],
                             final_state_out=got["final_walk"], **decays)
+        got["segments"] = torch.full_like(segments, float("nan"))
+        backend.segment_summary(k, tapes[1], tapes[2], g, index, gate_params=params, k_rstd=norms[1],
+                                summary_out=got["segments"], k_decayed=decays["k_decayed"],
+                                chunk_decay=decays["chunk_decay"])
         outs[-1].update(decays, **{f"{name}_decayed": x for name, x in got.items()})
     twin, ours = outs
     return relative_rms_errors(ours, twin)
@@ -470,8 +475,8 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
     per fragment), of ``bwd_dqkwg``'s dq, dk, dw and per-channel dg (on the
     twin's dh and dv_new) and of ``bwd_wy``'s dk and dg (``dk_wy``, ``dg_wy``,
     added to zero accumulators), dv and dbeta (on the twin's dw); and of the
-    adjoint walk reading the decays formed once a chunk from raw q
-    (``*_decayed``). The walks start from the twin's ``dv_local``; every
+    adjoint walk and the segments' adjoint summaries reading the decays
+    formed once a chunk from raw q (``*_decayed``). The walks start from the twin's ``dv_local``; every
     tensor but ``d_initial`` (whose crossing-in row no walk writes) and
     bwd_wy's accumulators starts as NaN, so an entry not written fails."""
     f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
@@ -517,6 +522,9 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
         out["segment_nu"] = torch.full((N, HV, K, V), float("nan"), dtype=f.cdt, device=device)
         backend.adjoint_segment_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
                                         nu_out=out["segment_nu"], **norms)
+        out["segment_nu_decayed"] = torch.full_like(out["segment_nu"], float("nan"))
+        backend.adjoint_segment_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
+                                        nu_out=out["segment_nu_decayed"], **norms, **decays)
         for name, pool in (("dq", "dq_heads"), ("dk", "dk_heads"), ("dw", "dw"), ("dg", "")):
             out[name] = torch.full((f.T, HV, K), float("nan"), device=device,
                                    dtype=buffer_dtype(pool, dtype, channel=True) if pool else f.cdt)

@@ -96,6 +96,7 @@ def host_backward(
     overlap = exchanges and overlaps_b2(call.options)  # b2 runs under the recomputed tape walk
     summary = kept_m = None
     s_in = seg = None
+    decays: dict[str, torch.Tensor] = {}  # KDA's walk decays (host.forward.run_channel_decays)
     if plan.keeps_tapes:
         tapes = ForwardTapes(
             A=saved["A"], w=saved["w"], v_new=saved["v_new"],
@@ -108,10 +109,13 @@ def host_backward(
             tapes = run_w_u(k, v, g, beta, call, buffers, saved)
         else:
             tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=True)
+        # KDA: the decays of the segments' summaries, the tape walk and the adjoint walk (q's raw)
+        decays.update(run_channel_decays(q, k, g, call, tapes, buffers, with_q=True, q_norm=False))
         # tapes ready: v_new holds v_new, not u, and no walk runs from the segments' starts. (Nor does such a
         # backward replay the boundary exchange, whose summary walk would read u: ops.library.tapes_into_workspace
         # keeps the tapes as tensors wherever the backward replays it.)
-        seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd", with_s=not call.tapes_ready)
+        seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="bwd", with_s=not call.tapes_ready,
+                                    decays=decays)
         s_in = saved.get("s_in")
         if replayed:
             s_in, summary, kept_m = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
@@ -120,13 +124,10 @@ def host_backward(
             compose_starts(call, seg, buffers, phase_call="bwd", initial_state=initial_state, s_in=s_in,
                            final_state_out=None)
 
-    decays: dict[str, torch.Tensor] = {}  # KDA's walk decays, for the tape walk and the adjoint walk
-
     def recompute_walk(fenced=Done.fenced) -> None:
         """The light backward's tape walk: h and v_new again (reading its
         index tables through ``fenced``: after an overlapped exchange's issue)."""
         arena.phase("bwd.phase.walk")
-        decays.update(run_channel_decays(q, k, g, call, tapes, buffers, with_q=True, q_norm=False))
         index = seg.tables.walk if seg is not None else call.index
         run_tape_walk(k, g, call, tapes, buffers, initial_state=initial_state, s_in=s_in, final_state_out=None,
                       seg=seg, index=replace(index, chunk_table=fenced(index.chunk_table),
@@ -144,7 +145,7 @@ def host_backward(
     arena.phase("bwd.phase.local_dv")
     dv_new = arena.bind("dv_new")  # the local dv until the adjoint walk completes it
     call.programs.bwd_local_dv(q, k, g, do, call.index, scale=call.scale, dv_out=dv_new, **qk_norms, **call.gate)
-    run_segment_nu(q, k, g, do, dv_new, call, tapes, seg, buffers)
+    run_segment_nu(q, k, g, do, dv_new, call, tapes, seg, buffers, decays)
     lam = None
     if exchanges:
         own_m = summary[..., V:] if summary is not None else saved.get("m")

@@ -28,7 +28,7 @@ from gdn_kcp.plan import segments_for
 
 from .programs import programs_for
 from gdn_kcp.ops.programs import PROGRAM_OPS
-from .segments import Segments, compose_starts, fold_summary, run_segment_summaries
+from .segments import Segments, compose_starts, fold_summary, run_segment_summaries, state_decays
 
 
 @dataclass
@@ -222,8 +222,7 @@ def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, in
         k, tapes.w, tapes.v_new, g, walk_index(call, seg) if index is None else index,
         k_rstd=tapes.k_rstd, initial_state=initial_state, s_in=walk_start(call, s_in),
         h_out=tapes.h, v_new_out=tapes.v_new, final_state_out=final_state_out,
-        carry_in=seg.start if seg else None, **call.gate,
-        **{name: decays[name] for name in ("k_decayed", "chunk_decay") if decays and name in decays},
+        carry_in=seg.start if seg else None, **call.gate, **state_decays(decays),
     )
 
 
@@ -330,19 +329,20 @@ def host_forward(
         return None, final_state
     arena.phase("fwd.phase.prep")
     tapes = run_prep(q, k, v, g, beta, call, buffers, with_A=keeps_tapes)
-    seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="fwd")
+    walks = fused or tape_walk
+    # KDA: the decays before the first program that walks chunks (the segments' summaries or the walk)
+    decays = run_channel_decays(q, k, g, call, tapes, buffers, with_q=fused, q_norm=True) if walks else {}
+    seg = run_segment_summaries(k, g, call, tapes, buffers, phase_call="fwd", decays=decays)
     s_in = None
     if call.ctx.exchanges:
         s_in, _, _ = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
                                           phase_call="fwd", seg=seg)
-    walks = fused or tape_walk
     if seg is not None and walks:
         compose_starts(call, seg, buffers, phase_call="fwd", initial_state=initial_state, s_in=s_in,
                        final_state_out=final_state)
     elif seg is not None:
         arena.release("seg_summary")
     arena.phase("fwd.phase.walk")
-    decays = run_channel_decays(q, k, g, call, tapes, buffers, with_q=fused, q_norm=True) if walks else {}
     walk = dict(initial_state=initial_state, s_in=s_in, seg=seg, decays=decays)
     o = None
     if fused:

@@ -27,10 +27,12 @@ class Segments:
     end: torch.Tensor | None = None  # seg_end [n_sum, HV, K, V]
 
 
-def run_segment_summaries(k, g, call, tapes, buffers, *, phase_call: str, with_s: bool = True) -> Segments | None:
+def run_segment_summaries(k, g, call, tapes, buffers, *, phase_call: str, with_s: bool = True,
+                          decays: dict | None = None) -> Segments | None:
     """Phase 1 (None without segments): the tables and ``[S | M]`` of every
     summary row (``with_s=False``: M only, for a backward whose tapes hold
-    v_new rather than u)."""
+    v_new rather than u); ``decays``: KDA's, where already formed
+    (``forward.run_channel_decays``)."""
     if call.P == 1:
         return None
     arena = buffers.arena
@@ -40,9 +42,15 @@ def run_segment_summaries(k, g, call, tapes, buffers, *, phase_call: str, with_s
     seg = Segments(tables=tables, summary=arena.bind("seg_summary"))
     call.programs.segment_summary(
         k, tapes.w, tapes.v_new if with_s else None, g, tables.summary, k_rstd=tapes.k_rstd,
-        summary_out=seg.summary, **call.gate,
+        summary_out=seg.summary, **call.gate, **state_decays(decays),
     )
     return seg
+
+
+def state_decays(decays: dict | None) -> dict:
+    """Of KDA's formed decays (``forward.run_channel_decays``), those a state
+    walk reads: K's and the chunks' (none where none were formed)."""
+    return {name: decays[name] for name in ("k_decayed", "chunk_decay") if decays and name in decays}
 
 
 def fold_summary(call, seg: Segments, summary: torch.Tensor, *, initial_state) -> None:
@@ -68,15 +76,17 @@ def compose_starts(call, seg: Segments, buffers, *, phase_call: str, initial_sta
         arena.release("seg_summary")
 
 
-def run_segment_nu(q, k, g, do, dv_local, call, tapes, seg: Segments | None, buffers) -> None:
-    """Phase 1 (backward): every summary row's ``nu`` into ``seg_nu``."""
+def run_segment_nu(q, k, g, do, dv_local, call, tapes, seg: Segments | None, buffers,
+                   decays: dict | None = None) -> None:
+    """Phase 1 (backward): every summary row's ``nu`` into ``seg_nu``
+    (``decays``: KDA's, where already formed, q's raw)."""
     if seg is None:
         return
     buffers.arena.phase("bwd.phase.segment_nu")
     seg.nu = buffers.arena.bind("seg_nu")
     call.programs.adjoint_segment_summary(
         q, k, tapes.w, g, do, dv_local, seg.tables.summary, scale=call.scale, q_rstd=tapes.q_rstd,
-        k_rstd=tapes.k_rstd, nu_out=seg.nu, **call.gate,
+        k_rstd=tapes.k_rstd, nu_out=seg.nu, **call.gate, **(decays or {}),
     )
 
 

@@ -114,6 +114,8 @@ def forward_events(d: Dims) -> Events:
     ev.phase("fwd.phase.prep")
     ev.bind(*pooled(o, "A", "w", "v_new", *norm_tapes(o)))
     ev.release(*pooled(o, "A"))  # prep's W, U launch reads it back; nothing after prep does
+    decays = channel_decays(d, with_q=walks_with_output(o, d.K))  # to the walk, from the segments' summaries
+    ev.bind(*decays)
     _segment_summaries(ev, d, "fwd")
     if d.ctx.exchanges:
         _forward_exchange(ev, d, "fwd")
@@ -121,8 +123,7 @@ def forward_events(d: Dims) -> Events:
     # the walk: the tape walk into h when the tapes are kept, else the scores and the walk with the output
     walked = ("scores",) if walks_with_output(o, d.K) else pooled(o, "h")
     ev.phase("fwd.phase.walk")
-    decays = channel_decays(d, with_q=walks_with_output(o, d.K))
-    ev.bind(*decays, *walked)
+    ev.bind(*walked)
     ev.release(*decays)
     if d.ctx.exchanges and _s_in_is_pool(d, "fwd") and (d.a2a or d.n_in):
         ev.release("s_in")
@@ -157,11 +158,11 @@ def backward_events(d: Dims) -> Events:
     plan = save_plan(o)
     overlap = d.ctx.exchanges and overlaps_b2(o)
 
-    decays = channel_decays(d, with_q=True)  # the tape walk's and the adjoint walk's
+    decays = channel_decays(d, with_q=True)  # the segments' summaries', the tape walk's and the adjoint walk's
 
     def recompute_walk() -> None:
         ev.phase("bwd.phase.walk")
-        ev.bind(*decays, "h")
+        ev.bind("h")
         if d.ctx.exchanges and plan.replays_boundary and (d.a2a or d.n_in):
             ev.release("s_in")
         if d.segmented:
@@ -169,7 +170,7 @@ def backward_events(d: Dims) -> Events:
 
     if not plan.keeps_tapes:
         ev.phase("bwd.phase.prep")  # "inverse": W and U from the saved A
-        ev.bind(*pooled(o, "A", "w", "v_new", *norm_tapes(o)))
+        ev.bind(*pooled(o, "A", "w", "v_new", *norm_tapes(o)), *decays)
         _segment_summaries(ev, d, "bwd")
         if d.ctx.exchanges and plan.replays_boundary:
             _forward_exchange(ev, d, "bwd")

@@ -26,16 +26,20 @@ def adjoint_segment_summary(
     q_rstd: torch.Tensor | None,
     k_rstd: torch.Tensor | None,
     nu_out: torch.Tensor,
+    k_decayed: torch.Tensor | None = None,
+    q_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; g ``[T, HV]``; do, dv_local
     ``[T, HV, V]``; ``index`` the summary rows. Writes nu_out ``[n_sum, HV, K, V]``
-    (compute dtype; an empty row: 0)."""
+    (compute dtype; an empty row: 0). KDA's decays may come formed (as for
+    :func:`.adjoint_walk.adjoint_walk`)."""
     if index.n_frag == 0:
         return
     cdt = accumulator_dtype(k.dtype)
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
-    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params, k_decayed, chunk_decay)
+    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params, q_decayed)
     dvl = to_chunks(dv_local, rows, cdt)
     dS = dvl.new_zeros((index.n_frag, w.shape[1], w.shape[2], do.shape[2]))
     last_chunk = max(index.n_chunks - 1, 0)

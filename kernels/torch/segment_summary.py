@@ -26,19 +26,23 @@ def segment_summary(
     gate_params: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None,
     summary_out: torch.Tensor,
+    k_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]``;
     ``index`` the summary rows (``SegmentTables.summary``). Writes summary_out
     ``[n_sum, HV, K, V + K]`` (compute dtype): ``[S_seg | M_seg]`` per row
     (an empty row: ``[0 | I]``, the identity). ``u=None`` folds M alone
-    (S_seg = 0): a backward that kept the tapes holds v_new, not u."""
+    (S_seg = 0): a backward that kept the tapes holds v_new, not u. KDA's
+    decays may come formed (``k_decayed``, ``chunk_decay``:
+    :func:`.channel_decays.channel_decays`)."""
     if index.n_frag == 0:
         return
     cdt = accumulator_dtype(k.dtype)
     HV, K = w.shape[1], w.shape[2]
     V = summary_out.shape[-1] - K
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params, k_decayed, chunk_decay)
     uc = ops.w.new_zeros(ops.w.shape[:-1] + (V + K,))
     if u is not None:
         uc[..., :V] = to_chunks(u, rows, cdt)

@@ -281,6 +281,19 @@ def decayed_advance_state(k_decayed, chunk_decay, c, X1, X2, b_vn, tok, m_t, HV,
 
 
 @triton.jit
+def decayed_state_chunk(w, u, v_new, k_decayed, chunk_decay, c, X1, X2, tok, m_t, HV, h, K, V, col,
+                        BH: tl.constexpr, BV: tl.constexpr, HAS_U: tl.constexpr, STORE: tl.constexpr,
+                        MM: tl.constexpr, ACC: tl.constexpr):
+    """:func:`gated_state_chunk` with a gate per key channel on the decays
+    ``channel_decays`` stored for chunk ``c`` (:func:`decayed_advance_state`).
+    Returns ``(X1, X2)``."""
+    b_vn = chunk_values(w, u, X1, X2, tok, m_t, HV, h, K, V, col, BH, BV, HAS_U, MM, ACC)
+    if STORE:
+        store_rows_cols(v_new, b_vn, tok, m_t, HV, h, V, col, BV)
+    return decayed_advance_state(k_decayed, chunk_decay, c, X1, X2, b_vn, tok, m_t, HV, h, K, BH, MM, ACC)
+
+
+@triton.jit
 def gated_state_chunk(k, k_rstd, w, u, v_new, g, gate_params, X1, X2, tok, m_t, length, H_qk, hk, HV, h, K, V, col,
                       BT: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr,
                       HAS_U: tl.constexpr, STORE: tl.constexpr, GATE: tl.constexpr, CHANNEL: tl.constexpr,

@@ -9,9 +9,9 @@ import triton
 import triton.language as tl
 
 from ..chunk_index import ChunkIndex
-from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, chunk_values, frag_info, head_block,
-                      launch, mm_mode, pointer, store_rows_cols, store_state_halves, walk_block)
-from .channel import decayed_advance_state, gated_state_chunk
+from ._common import (BT, WALK_STAGES, acc_dtype, boundary_halves, chunk_tokens, frag_info, head_block, launch,
+                      mm_mode, pointer, store_state_halves, walk_block)
+from .channel import decayed_state_chunk, gated_state_chunk
 
 
 NUM_WARPS = 8
@@ -48,9 +48,8 @@ def tape_walk_kernel(
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
         if CHANNEL and DECAYED:
-            b_vn = chunk_values(w, u, S1, S2, tok, m_t, HV, i_h, K, V, col, BH, BV, True, MM, ACC)
-            store_rows_cols(v_new, b_vn, tok, m_t, HV, i_h, V, col, BV)
-            S1, S2 = decayed_advance_state(k_decayed, chunk_decay, c, S1, S2, b_vn, tok, m_t, HV, i_h, K, BH, MM, ACC)
+            S1, S2 = decayed_state_chunk(w, u, v_new, k_decayed, chunk_decay, c, S1, S2, tok, m_t, HV, i_h, K, V, col,
+                                         BH, BV, True, True, MM, ACC)
         else:
             S1, S2 = gated_state_chunk(k, k_rstd, w, u, v_new, g, gate_params, S1, S2, tok, m_t, length, H_qk, i_hk,
                                        HV, i_h, K, V, col, BT, BH, BV, HAS_NORM, True, True, GATE, CHANNEL, MM, ACC)
