@@ -217,6 +217,7 @@ FLA_KDA_WHOLE_SUM_DRAWS = {
     (KDA_GRID[10], torch.float16): {"dA": (0.71, 0.51, 0.85, 0.82, 1.08, 0.59)},
     (KDA_GRID[9], torch.float16): {"dA": (0.95, 1.03, 1.70, 1.19, 0.99, 1.65)},
     (KDA_GRID[6], torch.float16): {"dA": (0.80, 2.77, 0.47, 1.02, 0.85, 1.53)},
+    (KDA_GRID[10], torch.bfloat16): {"dA": (4.86, 6.69, 7.89, 8.01, 6.36, 3.67)},
 }
 """FLA's own KDA kernels' whole-sum figures (WHOLE_SUMS) on every draw of WHOLE_SUM_DRAWS, where measured."""
 
