@@ -80,5 +80,5 @@ def adjoint_segment_summary(
         pointer(chunk_decay, g), scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, GATE=gate_params is not None, CHANNEL=channel,
         DECAYED=k_decayed is not None, ACC=acc_dtype(nu_out), MM=mm_mode(k), num_warps=NUM_WARPS,
-        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K))),
+        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K), DECAYED=k_decayed is not None)),
     )

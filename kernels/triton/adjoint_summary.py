@@ -24,7 +24,8 @@ NUM_STAGES = 3
 def stages(constexprs) -> int:
     """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, or
     with a gate per key channel the adjoint walk's (``adjoint_walk.stages``:
-    one at key tiles past 128), whose chunk step it runs."""
+    one at key tiles past 128 unless on ``channel_decays``' decays), whose
+    chunk step it runs."""
     return adjoint_walk.stages(constexprs) if constexprs["CHANNEL"] else NUM_STAGES
 
 

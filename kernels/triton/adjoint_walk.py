@@ -27,12 +27,15 @@ NUM_STAGES = WALK_STAGES
 
 def stages(constexprs) -> int:
     """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
-    one for a gate per key channel at key tiles past 128, whose fp32 gate
-    tiles (read for K's and for Q's decays) fill shared memory: at K = V =
-    256 two stages want 244,224 B (sm_90's limit: 232,448), one 45,056 B,
-    and spills 116 B per thread, as GDN's adjoint walk does at two (bf16,
-    triton 3.9)."""
-    return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
+    one for a gate per key channel at key tiles past 128 that forms its own
+    decays, whose fp32 gate tiles (read for K's and for Q's decays) fill
+    shared memory: at K = V = 256 two stages want 244,224 B (sm_90's limit:
+    232,448), one 45,056 B, and spills 116 B per thread, as GDN's adjoint
+    walk does at two (bf16, triton 3.9). On ``channel_decays``' decays
+    (``DECAYED``) two fit: 213,248 B and no spill, against 40 B at one."""
+    if constexprs["CHANNEL"] and constexprs["BK"] > 128 and not constexprs.get("DECAYED", False):
+        return 1
+    return NUM_STAGES
 
 
 @triton.jit
@@ -219,5 +222,5 @@ def adjoint_walk(
         HAS_LAM=lam_end is not None, HAS_INITIAL=d_initial_state_out is not None, HAS_CARRY=has_carry,
         GATE=gate_params is not None, CHANNEL=channel, DECAYED=k_decayed is not None,
         ACC=acc_dtype(k), MM=mm_mode(k), num_warps=NUM_WARPS,
-        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K))),
+        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K), DECAYED=k_decayed is not None)),
     )

@@ -34,9 +34,10 @@ NUM_STAGES = WALK_STAGES
 def stages(constexprs) -> int:
     """Pipeline stages of the program of ``constexprs``: ``NUM_STAGES``, but
     one for a gate per key channel at key tiles past 128: at K = V = 256 two
-    stages want 262,656 B of shared memory (sm_90's limit: 232,448), one
-    49,152 B, and spill 736 B per thread (GDN's walk 212 at two; bf16,
-    triton 3.9)."""
+    stages want 262,656 B of shared memory forming the decays (sm_90's limit:
+    232,448), 237,568 B on ``channel_decays``' decays; one 49,152 B and no
+    spill (forming them: 736 B; GDN's walk spills 212 at two; bf16, triton
+    3.9)."""
     return 1 if constexprs["CHANNEL"] and constexprs["BK"] > 128 else NUM_STAGES
 
 
