@@ -187,10 +187,10 @@ def our_kda_counts(C: int, K: int, V: int, BW: int, output_bv: int, inverse_slot
     """Each of our KDA programs' elementwise work a chunk and value head (a
     walk's: over its ``V / BW`` value-tile programs, which read the decays
     ``channel_decays_kernel`` formed once, as the segments' summaries do; the
-    KCP summaries' and the output's programs still form their own). ``output_bv``: the output's value tile,
-    each of which decays q again; ``inverse_slots``: the WY inverse's
-    substitution and 8-row merges (``our_launches.inverse_work``, in
-    slots)."""
+    KCP summaries' and the output's programs still form their own).
+    ``output_bv``: the output's value tile, each of which decays q again;
+    ``inverse_slots``: the WY inverse's substitution and 8-row merges
+    (``our_launches.inverse_work``, in slots)."""
     E, NW = C * K, -(-V // BW)
     state = K * BW  # a walk program's state rows decay: one FMA an element
     return {

@@ -278,11 +278,14 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
     g = C * K * n  # a chunk's gates, one per key channel
     anchored = dyadic_products(C, K)  # the pairs across sub-chunks, on tensor cores
 
-    def elementwise(kernel: str, share: int = 1, variant: str = "") -> Work:  # a program's share a chunk
-        return Work(fp32=count[kernel[:-1] + variant + "]" if variant else kernel].flops / share)
+    def elementwise(kernel: str, share: int = 1) -> Work:  # a program's share of its kernel's work a chunk
+        return Work(fp32=count[kernel].flops / share)
 
-    def own_decays(phase: str) -> str:  # the segments' summaries of a backward that recomputes nothing
-        return ", own decays" if phase == "bwd" and save_mode == "full" else ""
+    def own_decays(phase: str) -> bool:  # the segments' summaries of a backward that recomputes nothing
+        return phase == "bwd" and save_mode == "full"
+
+    def summary_work(kernel: str, phase: str) -> Work:  # kda_counts' "[channel, own decays]" where they form them
+        return elementwise(kernel.replace("[channel]", "[channel, own decays]") if own_decays(phase) else kernel)
 
     def wy_inverse(phase: str) -> list[Launch]:
         solve, step = inverse_work(C)
@@ -317,7 +320,7 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
         SB = walk_block(V + K)
         reads = C * K * n + C * e["k_rstd"] + g if own_decays(phase) else decayed  # K and its decays
         step = Work(bf16=2 * (2 * C * K * SB), bytes=reads + C * K * e["w"] + C * SB * e["v_new"]) \
-            + elementwise(kernel, variant=own_decays(phase))
+            + summary_work(kernel, phase)
         return [walk(phase, kernel, F * HV * -(-width // SB), steps, step)]
 
     def compose(kernel: str, phase: str) -> list[Launch]:  # P exact fp32 steps of [K, K] x [K, 16] per program
@@ -330,7 +333,7 @@ def our_kda_launches(s: Shape, e: Mapping[str, int], save_mode: str = "light", P
         BA = adjoint_value_block(K, V, channel=True)
         reads = qk + g if own_decays(phase) else decayed + C * K * e["q_decayed"] + C * e["q_rstd"]
         step = Work(bf16=4 * (2 * C * K * BA), bytes=reads + C * K * e["w"] + C * BA * n + C * BA * e["dv_new"]) \
-            + elementwise(kernel, variant=own_decays(phase))
+            + summary_work(kernel, phase)
         return [walk(phase, kernel, F * HV * -(-V // BA), steps, step)]
 
     def scores(phase: str) -> list[Launch]:  # one program per chunk and value head (its own gates)

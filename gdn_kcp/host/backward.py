@@ -15,8 +15,7 @@ from gdn_kcp.exchange import backward_a2a, backward_ring
 from gdn_kcp.exchange.a2a import Done
 from gdn_kcp.options import overlaps_b2, save_plan
 
-from .forward import (Buffers, Call, ForwardTapes, release_channel_decays, run_channel_decays, run_forward_exchange,
-                      run_prep, run_tape_walk)
+from .forward import Buffers, Call, ForwardTapes, run_channel_decays, run_forward_exchange, run_prep, run_tape_walk
 from .segments import Segments, compose_ends, compose_starts, fold_nu, run_segment_nu, run_segment_summaries
 
 
@@ -176,7 +175,7 @@ def host_backward(
         arena.release("lam")
     if seg is not None:
         arena.release("seg_end", "seg_index")
-    release_channel_decays(buffers, decays)
+    arena.release(*decays)
     buffers.drop("w")
 
     arena.phase("bwd.phase.dqkwg")

@@ -188,7 +188,7 @@ def run_channel_decays(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffer
     """KDA (a gate per key channel): binds the walks' decays and forms them
     once a chunk (``channel_decays``; q's with ``with_q``, normalised with
     ``q_norm``, raw for the adjoint walk). Returns the walks' keywords (none
-    for a scalar gate); :func:`release_channel_decays` releases them."""
+    for a scalar gate); the caller releases them (``arena.release(*decays)``)."""
     if call.options.gate != "channel":
         return {}
     arena = buffers.arena
@@ -201,11 +201,6 @@ def run_channel_decays(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffer
         chunk_decay_out=decays["chunk_decay"], **call.gate,
     )
     return decays
-
-
-def release_channel_decays(buffers: Buffers, decays: dict[str, torch.Tensor]) -> None:
-    """The pools :func:`run_channel_decays` bound, released."""
-    buffers.arena.release(*decays)
 
 
 def run_tape_walk(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state, s_in, final_state_out,
@@ -349,7 +344,7 @@ def host_forward(
         o = run_walk_output(q, k, g, call, tapes, buffers, final_state_out=final_state, **walk)
     if tape_walk:
         run_tape_walk(k, g, call, tapes, buffers, final_state_out=None if fused else final_state, **walk)
-    release_channel_decays(buffers, decays)
+    arena.release(*decays)
     if s_in is not None:
         buffers.drop("s_in")
     if seg is not None:

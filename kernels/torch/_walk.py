@@ -97,17 +97,16 @@ def q_decayed_do(
     :func:`.channel_decays.channel_decays`)."""
     HV = do.shape[1]
     mode = matmul_mode(q.dtype)
-    if q_decayed is not None:
-        doc = to_chunks(do, rows, dtype)
-        factor = doc.new_full(doc.shape[:-1], scale)
-        if q_rstd is not None:
-            factor = factor * scalars_to_chunks(q_rstd, rows, dtype).repeat_interleave(HV // q.shape[1], dim=1)
-        return pull(to_chunks(q_decayed, rows, dtype).mT, factor[..., None] * doc, pull_mode(mode))
-    gates = chunk_gates(g, rows, dtype, gate_params)
-    factor = gates.cum.new_full(gates.cum.shape[:-1], scale) if gates.per_channel else scale * torch.exp(gates.cum)
+    doc = to_chunks(do, rows, dtype)
+    gates = None if q_decayed is not None else chunk_gates(g, rows, dtype, gate_params)
+    per_channel = gates is None or gates.per_channel
+    factor = doc.new_full(doc.shape[:-1], scale) if per_channel else scale * torch.exp(gates.cum)
     if q_rstd is not None:
         factor = factor * scalars_to_chunks(q_rstd, rows, dtype).repeat_interleave(HV // q.shape[1], dim=1)
-    qc = load_qk(q, None, rows, dtype, HV)
-    if gates.per_channel:
-        qc, = round_operands(mode, qc * torch.exp(gates.cum))
-    return pull(qc.mT, factor[..., None] * to_chunks(do, rows, dtype), pull_mode(mode))
+    if q_decayed is not None:
+        qc = to_chunks(q_decayed, rows, dtype)
+    else:
+        qc = load_qk(q, None, rows, dtype, HV)
+        if per_channel:
+            qc, = round_operands(mode, qc * torch.exp(gates.cum))
+    return pull(qc.mT, factor[..., None] * doc, pull_mode(mode))
