@@ -302,6 +302,37 @@ def fla_version(site: str | None) -> str:
         return "unknown"
 
 
+def compile_config(spec: FlaKernel, config: dict):
+    """``spec``'s kernel compiled for sm_90 at one configuration of its list
+    (:func:`import_fla` first): the headline's heads (:data:`HEADS`), its
+    constexprs, every pointer 16-byte aligned (as ``compile_specs`` compiles
+    ours)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import JITFunction
+
+    kernel = getattr(importlib.import_module(spec.module), spec.function)
+    while not isinstance(kernel, JITFunction):  # heuristics / autotuner wrappers
+        kernel = kernel.fn
+    pointers = dict(item.split(":") for item in spec.pointers.split())
+    params = {p.name for p in kernel.params}
+    constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+    constants = {k: v for k, v in {**HEADS, **spec.constexprs, **constexprs}.items() if k in params}
+    signature, attrs = {}, {}
+    for i, p in enumerate(kernel.params):
+        if p.is_constexpr or pointers.get(p.name) == "-":
+            signature[p.name] = "constexpr"
+            constants.setdefault(p.name, None)
+        elif p.name in pointers or p.name in INDEX_POINTERS:
+            signature[p.name] = "*" + pointers.get(p.name, "i64")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[p.name] = "fp32" if p.name in ("eps", "scale") else "i32"
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": config["num_warps"], "num_stages": config["num_stages"]})
+
+
 def compile_facts(site: str | None, labels: list[str] | None = None, progress=print,
                   table: dict[str, FlaKernel] = FLA_KERNELS) -> dict[str, dict[str, dict]]:
     """``{kernel: {config_key: facts}}`` for every kernel of ``table`` (default
@@ -312,41 +343,18 @@ def compile_facts(site: str | None, labels: list[str] | None = None, progress=pr
     (a cached kernel skips ptxas and logs nothing)."""
     import triton
     from gdn_kcp.kernels.triton.compile_specs import instruction_class, ptxas_facts
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.jit import JITFunction
 
     import_fla(site)
     triton.knobs.nvidia.dump_ptxas_log = True
     out: dict[str, dict[str, dict]] = {}
     for label in labels or list(table):
         spec = table[label]
-        kernel = getattr(importlib.import_module(spec.module), spec.function)
-        while not isinstance(kernel, JITFunction):  # heuristics / autotuner wrappers
-            kernel = kernel.fn
-        pointers = dict(item.split(":") for item in spec.pointers.split())
-        params = {p.name for p in kernel.params}
         out[label] = {}
         start = time.perf_counter()
         for config in spec.configs:
-            constexprs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
-            constants = {k: v for k, v in {**HEADS, **spec.constexprs, **constexprs}.items() if k in params}
-            signature, attrs = {}, {}
-            for i, p in enumerate(kernel.params):
-                if p.is_constexpr or pointers.get(p.name) == "-":
-                    signature[p.name] = "constexpr"
-                    constants.setdefault(p.name, None)
-                elif p.name in pointers or p.name in INDEX_POINTERS:
-                    signature[p.name] = "*" + pointers.get(p.name, "i64")
-                    attrs[(i,)] = [["tt.divisibility", 16]]  # aligned, as compile_specs compiles ours
-                else:
-                    signature[p.name] = "fp32" if p.name in ("eps", "scale") else "i32"
             log = io.StringIO()
             with contextlib.redirect_stdout(log):
-                source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constants,
-                                                   attrs=attrs)
-                compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                          options={"num_warps": config["num_warps"],
-                                                   "num_stages": config["num_stages"]})
+                compiled = compile_config(spec, config)
             has_dot = "tt.dot" in compiled.asm["ttir"]
             out[label][config_key(config)] = dict(
                 config=config, shared=compiled.metadata.shared, num_warps=compiled.metadata.num_warps,

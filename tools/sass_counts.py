@@ -37,9 +37,10 @@ FP32_PIPE = ("FADD", "FMUL", "FFMA", "FSEL", "FSETP", "FMNMX")
 SHOWN = FP32_PIPE + ("EX2", "MUFU", "SHFL", "LDS", "STS", "BAR", "HMMA", "HGMMA")
 
 
-def class_counts(sass: str, trips: int) -> collections.Counter:
+def class_counts(sass: str, trips) -> collections.Counter:
     """Instruction classes (the opcode before its first dot) of one kernel's
-    SASS, each weighted by ``trips`` per runtime loop around it."""
+    SASS, each weighted by ``trips`` per runtime loop around it (a number
+    for every loop, or a list of each loop's, the loops in address order)."""
     ins, loops = [], []
     for line in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_.]+)([^;]*);", line)
@@ -50,12 +51,15 @@ def class_counts(sass: str, trips: int) -> collections.Counter:
         target = re.match(r"\s*0x([0-9a-f]+)", m.group(3))
         if op == "BRA" and target and int(target.group(1), 16) < addr:
             loops.append((int(target.group(1), 16), addr))
+    per_loop = list(trips) if isinstance(trips, (list, tuple)) else [trips] * len(loops)
+    if len(per_loop) != len(loops):
+        raise ValueError(f"trips names {len(per_loop)} loops, the SASS has {len(loops)}")
     counts = collections.Counter()
     for addr, op in ins:
         weight = 1
-        for first, last in loops:
+        for (first, last), n in zip(loops, per_loop):
             if first <= addr <= last:
-                weight *= trips
+                weight *= n
         counts[op] += weight
     return counts
 
@@ -68,9 +72,11 @@ def sass_of(compiled) -> str:
         return subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
-def per_chunk(compiled, trips: int) -> dict:
+def per_chunk(compiled, trips, programs: float = 1) -> dict:
+    """Instructions a chunk and value head by class: ``programs`` of them
+    (each the kernel's threads) at ``trips`` (:func:`class_counts`)."""
     counts = class_counts(sass_of(compiled), trips)
-    threads = 32 * compiled.metadata.num_warps
+    threads = 32 * compiled.metadata.num_warps * programs
     row = {k: counts[k] * threads for k in SHOWN}
     row["fp32"] = sum(counts[k] for k in FP32_PIPE) * threads
     row["mufu"] = (counts["MUFU"] + counts["EX2"]) * threads
@@ -128,16 +134,71 @@ def pulls(K: int) -> dict:
     return per_chunk(compiled, -(-K // bks))
 
 
+FLA_LOOPS = {
+    "chunk_kda_fwd_kernel_intra_token_parallel": ("64 / BH", ["8.5"]),
+    "chunk_kda_fwd_kernel_inter_solve_fused": ("1", ["K / BK", "14", "14", "14", "14"]),
+    "chunk_kda_fwd_kernel_intra_sub_chunk": ("4", ["14"]),
+    "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]": ("1", ["K / BK"]),
+    "chunk_kda_bwd_kernel_intra": ("4 * K / 32", ["1.5", "16", "1.5", "16"]),
+    "chunk_kda_bwd_kernel_intra[safe_gate]": ("4 * K / 32", ["1.5", "1.5"]),
+}
+"""FLA 0.5.1's intra-chunk KDA kernels (``fla/ops/kda/chunk_intra*.py``, 64-row
+chunks of four 16-row sub-chunks): a chunk and value head's programs and
+each SASS loop's trips a program (in address order, as the source orders
+them), averaged over those programs. The token-parallel kernel: a program a
+token and ``BH`` value heads, its loop over the token's sub-chunk up to it
+(1 to 16 trips, 8.5 on average). The fused inter + solve kernel: one
+program, the key blocks' loop, then a substitution loop of 14 steps per
+sub-chunk (none under ``safe_gate``, whose sub-chunk kernel, four programs,
+runs one). The intra backward: a program a sub-chunk and 32 key columns; the
+earlier sub-chunks' loop (0 to 3 trips, 1.5 on average), the diagonal
+block's column loop (16; none under ``safe_gate``), the later sub-chunks'
+loop (3 to 0). Code outside the loops counts in every program, though some
+of it runs under ``i_i > 0`` or ``i_i < NC - 1`` only (three programs in
+four): FLA's counts here lean high, not low."""
+
+
+def fla(K: int, site: str) -> dict:
+    """:data:`FLA_LOOPS`' kernels at the configurations the model picks
+    (``fla_launches.best_fla_kda_facts`` at the headline shape), compiled by
+    the triton on the path, counted as :func:`per_chunk` counts ours."""
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import fla_kernels
+    import fla_launches
+    from launch_model import Shape
+
+    facts = json.loads((root / "benchmarks" / "h200_facts.json").read_text())
+    shape = Shape(K=K, V=K)
+    best = {**fla_launches.best_fla_kda_facts(shape, fla_launches.kda_facts(facts, False)),
+            **fla_launches.best_fla_kda_facts(shape, fla_launches.kda_facts(facts, True))}
+    table = {**fla_kernels.FLA_KDA_KERNELS, **fla_kernels.FLA_KDA_SAFE_GATE_KERNELS}
+    fla_kernels.import_fla(site)
+    rows = {}
+    for label, (programs, trips) in FLA_LOOPS.items():
+        config = best[label]["config"]
+        names = {"K": K, **{k: v for k, v in config.items() if isinstance(v, int)}}
+        compiled = fla_kernels.compile_config(table[label], config)
+        rows[label] = per_chunk(compiled, [eval(t, {}, names) for t in trips], eval(programs, {}, names))
+        rows[label]["config"] = config
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--K", type=int, default=128)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--fla-site", help="FLA 0.5.1's intra kernels instead, from this fla-core site (with "
+                        "triton 3.6: its block pointers are gone from 3.9)")
     args = parser.parse_args()
     os.environ["TRITON_INTERPRET"] = "0"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # what a launch compiles (FMAs fused)
-    rows = {"products": products(args.K), "pulls": pulls(args.K)}
+    if args.fla_site:
+        rows = fla(args.K, args.fla_site)
+    else:
+        rows = {"products": products(args.K), "pulls": pulls(args.K)}
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(rows, default=str))
     else:
         print(f"a chunk of 64 tokens and one value head, K = {args.K}, sm_90 SASS (thousands)")
         print("| work | fp32 pipe | MUFU in all | " + " | ".join(SHOWN) + " |")
