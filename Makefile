@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test test-extended precision bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts fla-layer-check fla-kda-suite fla-gdn-suite gpu-check clean
+.PHONY: demo test test-extended precision bench-cpu mutate mutate-numeric compile-check compile-report lowering-check roofline roofline-facts sass-check fla-layer-check fla-kda-suite fla-gdn-suite gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,15 @@ roofline-facts: $(VENV)/.test
 	&& $(PIP) install -q --no-deps --target $$D/triton triton==3.6.0 \
 	&& TRITON_INTERPRET=0 TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR=$$D/cache \
 	$(PY) benchmarks/roofline.py --refresh-facts --fla-site $$D/fla --triton-site $$D/triton --calibration
+
+# Not CI: the KDA counts the model prices from compiled code (benchmarks/kda_counts.py: SASS, FLA_SASS) against
+# what tools/sass_counts.py reads off the sm_90 SASS of triton 3.6 now, ours and FLA 0.5.1's intra kernels (FLA's
+# compile under 3.6 only). Downloads fla-core 0.5.1, einops, triton 3.6.0 and a numpy 3.6's interpreter runs with
+# into a temporary folder; under a minute.
+sass-check: $(VENV)/.test
+	D=$$(mktemp -d) && $(PIP) install -q --no-deps --target $$D fla-core==0.5.1 einops==0.8.2 triton==3.6.0 \
+	"numpy<2.4" && GDN_KCP_FLA_SITE=$$D PYTHONPATH=$$D OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:xdist \
+	tests/test_triton_compile.py -k "kda_counts"
 
 # Not CI: flash-linear-attention's own op tests on the CPU with ours swapped in (tools/fla_swap.py), FLA's torch
 # references the oracle, no expected failure: fla-kda-suite runs tests/ops/test_kda.py against our chunk_kda and

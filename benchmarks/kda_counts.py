@@ -227,7 +227,39 @@ def our_kda_counts(C: int, K: int, V: int, BW: int, output_bv: int, inverse_slot
 
 # ---------------------------------------------------------------- FLA 0.5.1 (fla/ops/kda)
 
+FLA_SASS = {
+    "chunk_kda_fwd_kernel_intra_token_parallel": {"ex2": 69_632, "mufu": 69_632, "fp32": 382_464},
+    "chunk_kda_fwd_kernel_inter_solve_fused": {"ex2": 18_432, "mufu": 18_432, "fp32": 179_712},
+    "chunk_kda_fwd_kernel_intra_sub_chunk": {"ex2": 16_384, "mufu": 16_384, "fp32": 141_952},
+    "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]": {"ex2": 18_432, "mufu": 18_432, "fp32": 58_112},
+    "chunk_kda_bwd_kernel_intra": {"ex2": 303_104, "mufu": 303_104, "fp32": 2_099_200},
+    "chunk_kda_bwd_kernel_intra[safe_gate]": {"ex2": 65_536, "mufu": 65_536, "fp32": 330_752},
+}
+"""FLA 0.5.1's intra-chunk kernels a chunk and value head at K = 128 (:data:`SASS_K`),
+read off their sm_90 SASS by triton 3.6 as ours are (:data:`SASS`): ``python
+tools/sass_counts.py --fla-site SITE --json`` with that triton first on the
+path, at the configurations the model picks, each loop at its trips
+(``sass_counts.FLA_LOOPS``). What the model prices for them at K = 128, in
+place of the counts read off their source (:func:`fla_kda_source_counts`),
+which these put within 15 %: the token-parallel kernel 939k slots against
+844k, the fused inter + solve 327k against 285k, the sub-chunk kernel 273k
+against 279k, its safe-gate inter kernel 205k against 197k, the intra
+backward 4,524k against 4,962k and 855k against 932k (safe gate). The
+exponentials agree but for the intra backward's (303k against 299k; 66k
+against 70k under the safe gate)."""
+
+
 def fla_kda_counts(C: int, K: int, V: int, gla_bv: int, walk_bv: int) -> dict[str, Count]:
+    """:func:`fla_kda_source_counts`, but for the intra-chunk kernels at C = 64,
+    K = 128: their compiled counts (:data:`FLA_SASS`), as ours are read."""
+    counts = fla_kda_source_counts(C, K, V, gla_bv, walk_bv)
+    if (C, K) == (64, SASS_K):
+        counts.update({label: Count(exps=f["ex2"], slots=f["fp32"] + MUFU_SLOTS * f["mufu"])
+                       for label, f in FLA_SASS.items()})
+    return counts
+
+
+def fla_kda_source_counts(C: int, K: int, V: int, gla_bv: int, walk_bv: int) -> dict[str, Count]:
     """Each of FLA 0.5.1's ``chunk_kda`` kernels' elementwise work a chunk and
     value head (the walks': over their ``V / walk_bv`` value-tile programs;
     the output's over ``V / gla_bv``), both intra paths (``safe_gate`` False:

@@ -268,12 +268,30 @@ def test_kda_counts_by_hand():
     assert kda_counts.products(64, 16).slots == ours.slots / 8  # every instruction in the key-slice loop
     with pytest.raises(ValueError, match="C=32"):
         kda_counts.pulls(32, 128)
-    fla = kda_counts.fla_kda_counts(64, 128, 128, 128, 32)
+    fla = kda_counts.fla_kda_source_counts(64, 128, 128, 128, 32)
     assert fla["chunk_kda_fwd_kernel_intra_token_parallel"].exps == 64 * 8.5 * 128
     assert fla["chunk_kda_fwd_kernel_intra_token_parallel"].slots == 64 * 8.5 * 128 * 12 + 64 * 128
     assert fla["chunk_kda_fwd_kernel_intra_sub_chunk"].exps == 2 * 64 * 128
     assert fla["chunk_kda_fwd_kernel_inter_solve_fused"].exps == 9 * 16 * 128  # 3 sub-chunks, 6 pairs
     assert fla["chunk_kda_bwd_kernel_intra"].exps == 2 * 4 * 16 * 16 * 128 + 18 * 16 * 128
+
+
+def test_fla_intra_kernels_priced_as_compiled():
+    """At K = 128 the model prices FLA's intra-chunk kernels by their SASS
+    counts (``kda_counts.FLA_SASS``, as ours), each within 15 % of what their
+    source counts (the docstring's claim); at another K, by their source."""
+    import kda_counts
+
+    priced = kda_counts.fla_kda_counts(64, 128, 128, 128, 32)
+    source = kda_counts.fla_kda_source_counts(64, 128, 128, 128, 32)
+    assert set(kda_counts.FLA_SASS) <= set(source)
+    for label, facts in kda_counts.FLA_SASS.items():
+        assert priced[label].exps == facts["ex2"]
+        assert priced[label].slots == facts["fp32"] + kda_counts.MUFU_SLOTS * facts["mufu"]
+        assert abs(priced[label].slots / source[label].slots - 1) <= 0.15, label
+    for label in set(source) - set(kda_counts.FLA_SASS):
+        assert priced[label] == source[label]
+    assert kda_counts.fla_kda_counts(64, 64, 64, 64, 32) == kda_counts.fla_kda_source_counts(64, 64, 64, 64, 32)
 
 
 def test_kda_estimates_at_the_plans_segments():

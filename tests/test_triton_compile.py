@@ -235,3 +235,29 @@ def test_kda_counts_are_the_compiled_code(tmp_path):
     compiled = json.loads(result.stdout.splitlines()[-1])
     for name, facts in kda_counts.SASS[version].items():
         assert {key: compiled[name][key] for key in facts} == facts, name
+
+
+@pytest.mark.skipif(not os.environ.get("GDN_KCP_FLA_SITE"), reason="GDN_KCP_FLA_SITE: a fla-core 0.5.1 site")
+def test_fla_kda_counts_are_the_compiled_code(tmp_path):
+    """``kda_counts.FLA_SASS`` is what ``tools/sass_counts.py --fla-site``
+    reads off FLA 0.5.1's intra kernels now, under triton 3.6 (their block
+    pointers are gone from 3.9): run with ``GDN_KCP_FLA_SITE`` a ``pip
+    install --target`` of fla-core 0.5.1 and triton 3.6.0, first on the path."""
+    import triton
+
+    if not triton.__version__.startswith("3.6"):
+        pytest.skip(f"FLA 0.5.1's intra kernels compile under triton 3.6, not {triton.__version__}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+        import kda_counts
+    finally:
+        sys.path.pop(0)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path))
+    site = os.environ["GDN_KCP_FLA_SITE"]
+    result = subprocess.run([sys.executable, os.path.join(root, "tools", "sass_counts.py"), "--json", "--fla-site",
+                             site], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    compiled = json.loads(result.stdout.splitlines()[-1])
+    for name, facts in kda_counts.FLA_SASS.items():
+        assert {key: compiled[name][key] for key in facts} == facts, name
