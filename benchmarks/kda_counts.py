@@ -112,9 +112,9 @@ SUB = 16
 SASS_K = 128
 """The key width :data:`SASS` was compiled at."""
 SASS = {
-    "3.6": {"products": {"ex2": 34_816, "mufu": 35_072, "fp32": 766_208},
+    "3.6": {"products": {"ex2": 34_816, "mufu": 35_072, "fp32": 639_232},
             "pulls": {"ex2": 45_056, "mufu": 45_056, "fp32": 1_360_128}},
-    "3.9": {"products": {"ex2": 34_816, "mufu": 35_072, "fp32": 769_152},
+    "3.9": {"products": {"ex2": 34_816, "mufu": 35_072, "fp32": 654_464},
             "pulls": {"ex2": 45_056, "mufu": 45_056, "fp32": 1_175_808}},
 }
 """``channel.channel_products`` (``products``) and ``channel.pair_levels``

@@ -133,12 +133,34 @@ def decayed_sides(b_a, b_b, e, e_n, H: tl.constexpr):
     return A, B
 
 
+@triton.constexpr_function
+def channels_ahead(H, GATE):
+    """Whether :func:`level_pairs` takes level ``H`` with the channels ahead:
+    at 8, without the gate in the kernel. A formation's FP32-pipe
+    instructions then fall by 127k a chunk and value head and its shuffles by
+    the same (the scores 766k -> 639k and 493k -> 366k; sm_90 SASS of triton
+    3.6, K = 128, ``tools/sass_counts.py``), with no spill in the scores, the
+    WY inverse, the local dv or the output. At 4 too, 49k fewer again, but
+    the local dv spilled 48 B a thread; with the gate in the kernel (its
+    softplus, two an element, holds registers) level 8 alone spilled the
+    scores 204 -> 368 B, the WY inverse 336 -> 480 (triton 3.9: nothing
+    either way). Levels 2 and 1 gain nothing (one and two rows a side)."""
+    return H == 8 and not GATE
+
+
 @triton.jit
-def level_pairs(b_a, b_b, e, e_n, H: tl.constexpr):
+def level_pairs(b_a, b_b, e, e_n, H: tl.constexpr, AHEAD: tl.constexpr):
     """Level ``H`` < 16 of :func:`channel_products` for one key slice,
-    elementwise: ``[R / 2H, H, H]``."""
+    elementwise: ``[R / 2H, H, H]``. With ``AHEAD`` the channels ride ahead
+    of the pairs' rows and columns (``[R / 2H, BKS, H, H]``, summed over axis
+    1), so the default layout sums each pair in its own threads, not across
+    lanes (:func:`channels_ahead`)."""
     A, B = decayed_sides(b_a, b_b, e, e_n, H)
-    return tl.sum(A[:, :, None, :] * B[:, None, :, :], 3)
+    if AHEAD:
+        out = tl.sum(tl.permute(A, (0, 2, 1))[:, :, :, None] * tl.permute(B, (0, 2, 1))[:, :, None, :], 1)
+    else:
+        out = tl.sum(A[:, :, None, :] * B[:, None, :, :], 3)
+    return out
 
 
 @triton.jit
@@ -185,10 +207,10 @@ def channel_products(a, b, a_rstd, b_rstd, g, gate_params, b_scale, start, lengt
         p32 += dot(tl.reshape(A32, [BT // 2, BKS]), tl.trans(tl.reshape(B32, [BT // 2, BKS])), MM)
         A16, B16 = decayed_sides(b_a, b_b, e, e_n, 16)
         p16 += dot(A16, tl.permute(B16, (0, 2, 1)), MM)
-        p8 += level_pairs(b_a, b_b, e, e_n, 8)
-        p4 += level_pairs(b_a, b_b, e, e_n, 4)
-        p2 += level_pairs(b_a, b_b, e, e_n, 2)
-        p1 += level_pairs(b_a, b_b, e, e_n, 1)
+        p8 += level_pairs(b_a, b_b, e, e_n, 8, channels_ahead(8, GATE))
+        p4 += level_pairs(b_a, b_b, e, e_n, 4, channels_ahead(4, GATE))
+        p2 += level_pairs(b_a, b_b, e, e_n, 2, channels_ahead(2, GATE))
+        p1 += level_pairs(b_a, b_b, e, e_n, 1, channels_ahead(1, GATE))
         if not STRICT:
             p0 += tl.sum(b_a * b_b, 1)
     b_D = assemble(assemble(assemble(assemble(tl.reshape(p0, [BT, 1, 1]), p1), p2), p4), p8)
