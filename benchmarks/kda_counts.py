@@ -186,8 +186,9 @@ def query_decays(C: int, K: int, norm: bool = True) -> Count:
 def our_kda_counts(C: int, K: int, V: int, BW: int, output_bv: int, inverse_slots: float) -> dict[str, Count]:
     """Each of our KDA programs' elementwise work a chunk and value head (a
     walk's: over its ``V / BW`` value-tile programs, which read the decays
-    ``channel_decays_kernel`` formed once, as the segments' summaries do; the
-    KCP summaries' and the output's programs still form their own).
+    ``channel_decays_kernel`` formed once, as the segments' and the KCP
+    summaries do (the model runs no KCP exchange); the output's programs
+    still form their own).
     ``output_bv``: the output's value tile, each of which decays q again;
     ``inverse_slots``: the WY inverse's substitution and 8-row merges
     (``our_launches.inverse_work``, in slots)."""

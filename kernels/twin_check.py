@@ -414,8 +414,8 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
     fragment over the whole range crossing in and out: a middle rank's) and
     of the segments' phase-1 summaries ``[S | M]`` (``segments``: a summary
     row per fragment); and of the walks' decays formed once a chunk
-    (:func:`formed_decays`) and the two walks and the segments' summaries
-    reading them (``*_decayed``).
+    (:func:`formed_decays`) and the two walks, the summary walk and the
+    segments' summaries reading them (``*_decayed``).
     ``h``, ``v_new``, ``o``, the summaries and the decays start as NaN, so an
     entry not written fails."""
     f = _channel_forward(bounds, H_qk, HV, K, V, dtype, seed, gate, l2, hard, device)
@@ -457,6 +457,12 @@ def compare_channel_walks(programs, bounds: tuple[int, ...], H_qk: int, HV: int,
         backend.segment_summary(k, tapes[1], tapes[2], g, index, gate_params=params, k_rstd=norms[1],
                                 summary_out=got["segments"], k_decayed=decays["k_decayed"],
                                 chunk_decay=decays["chunk_decay"])
+        middle_decays = formed_decays(backend, q, k, g, middle, params, norms[0], norms[1])  # its own chunks
+        summary = torch.full_like(summary, float("nan"))
+        backend.summary_walk(k, tapes[1], tapes[2], g, middle, gate_params=params, k_rstd=norms[1],
+                             initial_state=None, summary_out=summary, k_decayed=middle_decays["k_decayed"],
+                             chunk_decay=middle_decays["chunk_decay"])
+        got.update(S_loc=summary[..., :V], M=summary[..., V:])
         outs[-1].update(decays, **{f"{name}_decayed": x for name, x in got.items()})
     twin, ours = outs
     return relative_rms_errors(ours, twin)
@@ -475,7 +481,7 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
     per fragment), of ``bwd_dqkwg``'s dq, dk, dw and per-channel dg (on the
     twin's dh and dv_new) and of ``bwd_wy``'s dk and dg (``dk_wy``, ``dg_wy``,
     added to zero accumulators), dv and dbeta (on the twin's dw); and of the
-    adjoint walk and the segments' adjoint summaries reading the decays
+    adjoint walk, the adjoint summary and the segments' adjoint summaries reading the decays
     formed once a chunk from raw q (``*_decayed``). The walks start from the twin's ``dv_local``; every
     tensor but ``d_initial`` (whose crossing-in row no walk writes) and
     bwd_wy's accumulators starts as NaN, so an entry not written fails."""
@@ -519,6 +525,9 @@ def compare_channel_backward(programs, bounds: tuple[int, ...], H_qk: int, HV: i
                              d_final_state=d_final, lam_end=lam, dh_out=out["dh_decayed"],
                              dv_out=out["dv_new_decayed"], d_initial_state_out=out["d_initial_decayed"], **norms,
                              **decays)
+        out["nu_decayed"] = torch.full_like(out["nu"], float("nan"))
+        backend.adjoint_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
+                                d_final_state=d_final, nu_out=out["nu_decayed"], **norms, **decays)
         out["segment_nu"] = torch.full((N, HV, K, V), float("nan"), dtype=f.cdt, device=device)
         backend.adjoint_segment_summary(q, k, tapes[1], g, do, dv_local, index, gate_params=params, scale=scale,
                                         nu_out=out["segment_nu"], **norms)

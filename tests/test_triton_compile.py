@@ -207,7 +207,7 @@ def test_specs_specialise_the_ints_a_launch_specialises():
         attrs = source("summary_walk_kernel", kernel, constexprs, K, 512).attrs
         divisible = {p.name for i, p in enumerate(kernel.params) if (i,) in attrs}
         assert divisible - {"k", "w", "u", "g", "gate_params", "k_rstd", "chunk_table", "frag_table",
-                            "initial_state", "out"} == expected, (K, divisible)
+                            "initial_state", "out", "k_decayed", "chunk_decay"} == expected, (K, divisible)
 
 
 def test_kda_counts_are_the_compiled_code(tmp_path):

@@ -31,9 +31,10 @@ class Grads:
 
 
 def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes, buffers: Buffers, *, m, kept_m,
-                          replayed, d_final_state, seg: Segments | None, overlap: bool):
+                          replayed, d_final_state, seg: Segments | None, overlap: bool, decays: dict):
     """Adjoint summary of the crossing-in fragment (with segments: the fold of
-    its segments' nu), then b1/b2 (or the ring). Returns b2, whose
+    its segments' nu; KDA: on ``decays`` where the prep's recompute formed
+    them, else its own), then b1/b2 (or the ring). Returns b2, whose
     ``finish(after)`` returns the end adjoint of the crossing-out fragment
     (``overlap``: b2 is in flight until then,
     :class:`gdn_kcp.exchange.a2a.InFlight`)."""
@@ -48,7 +49,7 @@ def run_backward_exchange(q, k, g, do, dv_local, call: Call, tapes: ForwardTapes
         call.programs.adjoint_summary(
             q, k, tapes.w, g, do, dv_local, call.index,
             scale=call.scale, q_rstd=tapes.q_rstd, k_rstd=tapes.k_rstd, d_final_state=d_final_state, nu_out=nu,
-            **call.gate,
+            **call.gate, **decays,
         )
     buffers.follow(dv_local, nu)
     if call.options.exchange == "ring":
@@ -118,7 +119,7 @@ def host_backward(
         s_in = saved.get("s_in")
         if replayed:
             s_in, summary, kept_m = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
-                                                           phase_call="bwd", seg=seg)
+                                                           phase_call="bwd", seg=seg, decays=decays)
         if seg is not None and not call.tapes_ready:
             compose_starts(call, seg, buffers, phase_call="bwd", initial_state=initial_state, s_in=s_in,
                            final_state_out=None)
@@ -150,7 +151,7 @@ def host_backward(
         own_m = summary[..., V:] if summary is not None else saved.get("m")
         b2 = run_backward_exchange(
             q, k, g, do, dv_new, call, tapes, buffers, m=own_m, kept_m=kept_m if replayed else saved.get("owner_m"),
-            replayed=replayed, d_final_state=d_final_state, seg=seg, overlap=overlap,
+            replayed=replayed, d_final_state=d_final_state, seg=seg, overlap=overlap, decays=decays,
         )
         if overlap:
             recompute_walk(b2.fenced)

@@ -261,9 +261,10 @@ def run_walk_output(q, k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, 
 
 
 def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers, *, initial_state,
-                         phase_call: str, seg: Segments | None):
+                         phase_call: str, seg: Segments | None, decays: dict | None = None):
     """Summary walk of the crossing-out fragment (with segments: the fold of
-    its segments' summaries), then c1/c2 (or the ring).
+    its segments' summaries; KDA: on ``decays``, :func:`run_channel_decays`'
+    where formed), then c1/c2 (or the ring).
     Returns ``(s_in, summary, kept_m)``: the arrived start state, the summary
     still bound when a replayed backward needs its M for b1, and the owner's
     kept M slices (save_transfer)."""
@@ -277,7 +278,7 @@ def run_forward_exchange(k, g, call: Call, tapes: ForwardTapes, buffers: Buffers
         summary = buffers.arena.bind("summary")
         call.programs.summary_walk(
             k, tapes.w, tapes.v_new, g, call.index, k_rstd=tapes.k_rstd, initial_state=initial_state,
-            summary_out=summary, **call.gate,
+            summary_out=summary, **call.gate, **state_decays(decays),
         )
     buffers.follow(tapes.v_new, summary)
     exchange = forward_a2a if call.options.exchange == "a2a" else forward_ring
@@ -331,7 +332,7 @@ def host_forward(
     s_in = None
     if call.ctx.exchanges:
         s_in, _, _ = run_forward_exchange(k, g, call, tapes, buffers, initial_state=initial_state,
-                                          phase_call="fwd", seg=seg)
+                                          phase_call="fwd", seg=seg, decays=decays)
     if seg is not None and walks:
         compose_starts(call, seg, buffers, phase_call="fwd", initial_state=initial_state, s_in=s_in,
                        final_state_out=final_state)

@@ -28,6 +28,9 @@ def adjoint_summary(
     k_rstd: torch.Tensor | None,
     d_final_state: torch.Tensor | None,
     nu_out: torch.Tensor,
+    k_decayed: torch.Tensor | None = None,
+    q_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """Walk fragment 0 (the crossing-in one) of ``index`` backwards from zero,
     or from its final-state gradient when it ends its document here.
@@ -35,11 +38,13 @@ def adjoint_summary(
     q, k ``[T, H_qk, K]``; w ``[T, HV, K]``; g ``[T, HV]``; do, dv_local
     ``[T, HV, V]``; d_final_state ``[N_end, HV, K, V]`` (rows as the tape
     walk's final states) or None. Writes nu_out ``[1, HV, K, V]`` (compute dtype).
+    KDA's decays may come formed (``k_decayed``, ``q_decayed`` of the raw q,
+    ``chunk_decay``: ``channel_decays``' pools).
     """
     cdt = accumulator_dtype(k.dtype)
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
-    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params, k_decayed, chunk_decay)
+    pull = q_decayed_do(q, q_rstd, do, g, rows, cdt, scale, gate_params, q_decayed)
     dvl = to_chunks(dv_local, rows, cdt)
     # fragment 0 starts at chunk 0; on a capped index it may not cross in: nu = 0 (the identity)
     crosses_in = crosses(index.frag_flags[:1], CROSSING_IN)

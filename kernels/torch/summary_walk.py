@@ -35,6 +35,8 @@ def summary_walk(
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     summary_out: torch.Tensor,
+    k_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """Walk the last fragment (the crossing-out one) of ``index`` from zero, or
     from its initial state when it starts its document.
@@ -42,12 +44,14 @@ def summary_walk(
     k ``[T, H_qk, K]``; w ``[T, HV, K]``, u ``[T, HV, V]``, g ``[T, HV]`` (the
     gates); initial_state ``[N_start, HV, K, V]`` as the tape walk's or None.
     Writes summary_out ``[1, HV, K, V]`` (S_loc) or ``[1, HV, K, V + K]``
-    (``[S_loc | M]``, a middle rank), in the compute dtype.
+    (``[S_loc | M]``, a middle rank), in the compute dtype. With a gate per
+    key channel the decays may come formed (``k_decayed``, ``chunk_decay``:
+    ``channel_decays``' pools).
     """
     cdt = accumulator_dtype(k.dtype)
     HV, K, V = w.shape[1], w.shape[2], u.shape[2]
     rows = chunk_rows(index)
-    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params)
+    ops = walk_operands(k, k_rstd, w, g, rows, cdt, gate_params, k_decayed, chunk_decay)
     uc = to_chunks(u, rows, cdt)
     # The augmented state [S | M] walks as one state with u = [U | 0]: its step is
     # [T_c S + B_c | T_c M], and it starts at [S_start | I].

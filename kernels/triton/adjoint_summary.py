@@ -41,13 +41,15 @@ def adjoint_value_block(K: int, V: int, channel: bool) -> int:
 
 @triton.jit
 def adjoint_summary_kernel(
-    q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, nu, scale,
-    n_chunks, n_frag, H_qk, HV, K, V,
+    q, k, w, g, gate_params, do, dv_local, q_rstd, k_rstd, chunk_table, frag_table, d_final, nu, k_decayed,
+    q_decayed, chunk_decay, scale, n_chunks, n_frag, H_qk, HV, K, V,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_FINAL: tl.constexpr,
-    GATE: tl.constexpr, CHANNEL: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
+    GATE: tl.constexpr, CHANNEL: tl.constexpr, DECAYED: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr,
 ):
     """One value head and value tile; grid (HV, V / BV). With ``CHANNEL``
-    (KDA) g holds a gate per key channel ``[T, HV, K]``."""
+    (KDA) g holds a gate per key channel ``[T, HV, K]`` (with ``DECAYED``,
+    the decays ``channel_decays`` stored are read instead of formed in each
+    of a head's ``V / BV`` programs)."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -64,10 +66,9 @@ def adjoint_summary_kernel(
         c = first + count - 1 - jj
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        # no stored decays (DECAYED off: k, q, g stand in for their buffers)
-        _, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, k, q, g, c, dS1, dS2,
-                                          tok, m_t, length, scale, H_qk, i_hk, HV, i_h, K, V, col, BT, BH, BV, HAS_NORM,
-                                          GATE, CHANNEL, False, ACC, MM)
+        _, dS1, dS2 = gated_adjoint_chunk(q, k, w, g, gate_params, q_rstd, k_rstd, do, dv_local, k_decayed, q_decayed,
+                                          chunk_decay, c, dS1, dS2, tok, m_t, length, scale, H_qk, i_hk, HV, i_h, K, V,
+                                          col, BT, BH, BV, HAS_NORM, GATE, CHANNEL, DECAYED, ACC, MM)
     store_state_halves(nu, dS1, dS2, 0, HV, i_h, K, V, col, BH, BV)
 
 
@@ -86,6 +87,9 @@ def adjoint_summary(
     k_rstd: torch.Tensor | None,
     d_final_state: torch.Tensor | None,
     nu_out: torch.Tensor,
+    k_decayed: torch.Tensor | None = None,
+    q_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """See ``kernels.torch.adjoint_summary``."""
     has_final = d_final_state is not None and d_final_state.shape[0] > 0
@@ -95,9 +99,10 @@ def adjoint_summary(
     BV = adjoint_value_block(K, V, channel)
     launch(adjoint_summary_kernel)[(HV, triton.cdiv(V, BV))](
         q, k, w, g, pointer(gate_params, g), do, dv_local, pointer(q_rstd, g), pointer(k_rstd, g),
-        index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, scale, index.n_chunks,
-        index.n_frag, H_qk, HV, K, V,
+        index.chunk_table, index.frag_table, d_final_state if has_final else g, nu_out, pointer(k_decayed, g),
+        pointer(q_decayed, g), pointer(chunk_decay, g), scale, index.n_chunks, index.n_frag, H_qk, HV, K, V,
         BT=BT, BK=head_block(K), BV=BV, HAS_NORM=q_rstd is not None, HAS_FINAL=has_final,
-        GATE=gate_params is not None, CHANNEL=channel, ACC=acc_dtype(nu_out), MM=mm_mode(k), num_warps=NUM_WARPS,
-        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K))),
+        GATE=gate_params is not None, CHANNEL=channel, DECAYED=k_decayed is not None, ACC=acc_dtype(nu_out),
+        MM=mm_mode(k), num_warps=NUM_WARPS,
+        num_stages=stages(dict(CHANNEL=channel, BK=head_block(K), DECAYED=k_decayed is not None)),
     )

@@ -11,7 +11,7 @@ import triton.language as tl
 from ..chunk_index import ChunkIndex
 from ._common import (BT, WALK_STAGES, acc_dtype, chunk_tokens, frag_info, head_block, last_real_fragment, launch,
                       load_state_halves, mm_mode, pointer, store_state_strided, walk_block)
-from .channel import gated_state_chunk
+from .channel import decayed_state_chunk, gated_state_chunk
 
 BF = tl.constexpr(64)
 """Fragment flags read per step of the search for the last real fragment."""
@@ -26,10 +26,11 @@ NUM_STAGES = WALK_STAGES
 
 @triton.jit
 def summary_walk_kernel(
-    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, stride_h, stride_k, out_col,
-    n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
+    k, w, u, g, gate_params, k_rstd, chunk_table, frag_table, initial_state, out, k_decayed, chunk_decay, stride_h,
+    stride_k, out_col, n_chunks, n_frag, H_qk, HV, K, V, WIDTH,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_NORM: tl.constexpr, IS_M: tl.constexpr,
     HAS_INITIAL: tl.constexpr, GATE: tl.constexpr, ACC: tl.constexpr, MM: tl.constexpr, CHANNEL: tl.constexpr,
+    DECAYED: tl.constexpr,
 ):
     """Grid (HV, WIDTH / BV); WIDTH = V for S_loc (u drives it; the walk starts
     at the fragment's initial state when it starts its document and has one),
@@ -38,7 +39,9 @@ def summary_walk_kernel(
     fragment (a capped index) both stay 0, and so does M when the fragment
     starts its document here: the identity of the composition. With
     ``CHANNEL`` (KDA) g holds a gate per key channel ``[T, HV, K]`` and the
-    state's rows decay each by its channel (``channel.gated_state_chunk``)."""
+    state's rows decay each by its channel (``channel.gated_state_chunk``;
+    with ``DECAYED`` on the decays ``channel_decays`` stored, as the walks:
+    each of the ``(V + K) / BV`` programs of a head formed them before)."""
     i_h, i_v = tl.program_id(0), tl.program_id(1)
     i_hk = i_h // (HV // H_qk)
     col = i_v * BV
@@ -62,8 +65,12 @@ def summary_walk_kernel(
         c = first + j
         start, length = tl.load(chunk_table + c), tl.load(chunk_table + n_chunks + c)
         tok, o_t, m_t = chunk_tokens(start, length, BT)
-        S1, S2 = gated_state_chunk(k, k_rstd, w, u, u, g, gate_params, S1, S2, tok, m_t, length, H_qk, i_hk, HV, i_h,
-                                   K, V, col, BT, BH, BV, HAS_NORM, not IS_M, False, GATE, CHANNEL, MM, ACC)
+        if CHANNEL and DECAYED:
+            S1, S2 = decayed_state_chunk(w, u, u, k_decayed, chunk_decay, c, S1, S2, tok, m_t, HV, i_h, K, V, col, BH,
+                                         BV, not IS_M, False, MM, ACC)
+        else:
+            S1, S2 = gated_state_chunk(k, k_rstd, w, u, u, g, gate_params, S1, S2, tok, m_t, length, H_qk, i_hk, HV,
+                                       i_h, K, V, col, BT, BH, BV, HAS_NORM, not IS_M, False, GATE, CHANNEL, MM, ACC)
     store_state_strided(out + out_col, S1, i_h, stride_h, stride_k, K, WIDTH, 0, col, BH, BV)
     store_state_strided(out + out_col, S2, i_h, stride_h, stride_k, K, WIDTH, BH, col, BH, BV)
 
@@ -79,6 +86,8 @@ def summary_walk(
     k_rstd: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     summary_out: torch.Tensor,
+    k_decayed: torch.Tensor | None = None,
+    chunk_decay: torch.Tensor | None = None,
 ) -> None:
     """See ``kernels.torch.summary_walk``: S_loc and M are two launches into
     columns of the one ``summary_out`` (no views of it: traced, a launch that
@@ -90,9 +99,9 @@ def summary_walk(
         BV = walk_block(width)
         launch(summary_walk_kernel)[(HV, triton.cdiv(width, BV))](
             k, w, u, g, pointer(gate_params, g), pointer(k_rstd, g), index.chunk_table, index.frag_table,
-            initial_state if has_initial else g, summary_out, summary_out.stride(1), summary_out.stride(2), out_col,
-            index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
+            initial_state if has_initial else g, summary_out, pointer(k_decayed, g), pointer(chunk_decay, g),
+            summary_out.stride(1), summary_out.stride(2), out_col, index.n_chunks, index.n_frag, H_qk, HV, K, V, width,
             BT=BT, BK=head_block(K), BV=BV, HAS_NORM=k_rstd is not None, IS_M=is_m,
             HAS_INITIAL=has_initial, GATE=gate_params is not None, ACC=acc_dtype(summary_out), MM=mm_mode(k),
-            CHANNEL=g.dim() == 3, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            CHANNEL=g.dim() == 3, DECAYED=k_decayed is not None, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )
