@@ -135,17 +135,17 @@ def pulls(K: int) -> dict:
 
 
 FLA_LOOPS = {
-    "chunk_kda_fwd_kernel_intra_token_parallel": ("64 / BH", ["8.5"]),
-    "chunk_kda_fwd_kernel_inter_solve_fused": ("1", ["K / BK", "14", "14", "14", "14"]),
-    "chunk_kda_fwd_kernel_intra_sub_chunk": ("4", ["14"]),
-    "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]": ("1", ["K / BK"]),
-    "chunk_kda_bwd_kernel_intra": ("4 * K / 32", ["1.5", "16", "1.5", "16"]),
-    "chunk_kda_bwd_kernel_intra[safe_gate]": ("4 * K / 32", ["1.5", "1.5"]),
+    "chunk_kda_fwd_kernel_intra_token_parallel": lambda K, c: (64 / c["BH"], [8.5]),
+    "chunk_kda_fwd_kernel_inter_solve_fused": lambda K, c: (1, [K / c["BK"], 14, 14, 14, 14]),
+    "chunk_kda_fwd_kernel_intra_sub_chunk": lambda K, c: (4, [14]),
+    "chunk_kda_fwd_kernel_inter_solve_fused[safe_gate]": lambda K, c: (1, [K / c["BK"]]),
+    "chunk_kda_bwd_kernel_intra": lambda K, c: (4 * K / 32, [1.5, 16, 1.5, 16]),
+    "chunk_kda_bwd_kernel_intra[safe_gate]": lambda K, c: (4 * K / 32, [1.5, 1.5]),
 }
 """FLA 0.5.1's intra-chunk KDA kernels (``fla/ops/kda/chunk_intra*.py``, 64-row
-chunks of four 16-row sub-chunks): a chunk and value head's programs and
-each SASS loop's trips a program (in address order, as the source orders
-them), averaged over those programs. The token-parallel kernel: a program a
+chunks of four 16-row sub-chunks), at key width K and configuration c: a
+chunk and value head's programs and each SASS loop's trips a program (in
+address order, as the source orders them), averaged over those programs. The token-parallel kernel: a program a
 token and ``BH`` value heads, its loop over the token's sub-chunk up to it
 (1 to 16 trips, 8.5 on average). The fused inter + solve kernel: one
 program, the key blocks' loop, then a substitution loop of 14 steps per
@@ -162,24 +162,23 @@ def fla(K: int, site: str) -> dict:
     """:data:`FLA_LOOPS`' kernels at the configurations the model picks
     (``fla_launches.best_fla_kda_facts`` at the headline shape), compiled by
     the triton on the path, counted as :func:`per_chunk` counts ours."""
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import fla_kernels
     import fla_launches
     from launch_model import Shape
+    from roofline import load_facts
 
-    facts = json.loads((root / "benchmarks" / "h200_facts.json").read_text())
+    facts = load_facts()
     shape = Shape(K=K, V=K)
     best = {**fla_launches.best_fla_kda_facts(shape, fla_launches.kda_facts(facts, False)),
             **fla_launches.best_fla_kda_facts(shape, fla_launches.kda_facts(facts, True))}
     table = {**fla_kernels.FLA_KDA_KERNELS, **fla_kernels.FLA_KDA_SAFE_GATE_KERNELS}
     fla_kernels.import_fla(site)
     rows = {}
-    for label, (programs, trips) in FLA_LOOPS.items():
+    for label, loops in FLA_LOOPS.items():
         config = best[label]["config"]
-        names = {"K": K, **{k: v for k, v in config.items() if isinstance(v, int)}}
-        compiled = fla_kernels.compile_config(table[label], config)
-        rows[label] = per_chunk(compiled, [eval(t, {}, names) for t in trips], eval(programs, {}, names))
+        programs, trips = loops(K, config)
+        rows[label] = per_chunk(fla_kernels.compile_config(table[label], config), trips, programs)
         rows[label]["config"] = config
     return rows
 
